@@ -1,0 +1,171 @@
+"""Child side of the workflow sandbox. Standard library only: it runs as `python -I -S runner.py` inside
+the isolation (bubblewrap namespaces or a Docker container) with no network, no secrets and no writable
+path but its private /tmp.
+
+Protocol: one JSON object per line.
+  parent -> child, first line:  {"type": "init", "code": str, "operators": [str], "builtins": [str],
+                                  "imports": [str], "max_print_bytes": int}
+  child -> parent:               {"type": "call", "id": int, "op": str, "args": [...], "kwargs": {...}}
+  parent -> child:               {"type": "reply", "id": int, "ok": bool, "value": str | "error": str}
+  child -> parent, last line:    {"type": "result", "answer": str}
+                              or {"type": "error", "status": "runtime_error" | "invalid", "message": str}
+
+The workflow code was validated by the parent (AST allow-list) before it got here; this side adds a
+second wall: the code runs with a builtins dict holding only the allow-listed names, and the protocol
+file descriptor is not reachable from the workflow (fd 1 is pointed at /dev/null, prints go to a capped
+buffer).
+"""
+
+import asyncio
+import builtins
+import io
+import json
+import os
+import sys
+import threading
+import traceback
+
+
+class OperatorError(Exception):
+    """Raised inside the workflow when the parent reports that an operator call failed."""
+
+
+class _CappedWriter(io.TextIOBase):
+    def __init__(self, cap):
+        self.cap = cap
+        self.size = 0
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        self.size += len(s)  # the text itself is dropped: nobody reads workflow prints
+        return len(s)
+
+
+class Channel:
+    def __init__(self, out_fd, in_stream):
+        self._out = os.fdopen(out_fd, "wb", buffering=0)
+        self._in = in_stream
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._pending = {}
+        self._loop = None
+
+    def send(self, obj):
+        data = (json.dumps(obj) + "\n").encode()
+        with self._lock:
+            self._out.write(data)
+
+    def start_reader(self, loop):
+        self._loop = loop
+        t = threading.Thread(target=self._read_loop, daemon=True)
+        t.start()
+
+    def _read_loop(self):
+        for raw in self._in:
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if msg.get("type") != "reply":
+                continue
+            fut = self._pending.pop(msg.get("id"), None)
+            if fut is not None:
+                self._loop.call_soon_threadsafe(_resolve, fut, msg)
+        # stdin closed: the parent is gone or has given up on us; fail whatever is still waiting
+        for fut in list(self._pending.values()):
+            self._loop.call_soon_threadsafe(_resolve, fut, {"ok": False, "error": "parent closed the channel"})
+
+    async def call(self, op, args, kwargs):
+        self._next_id += 1
+        call_id = self._next_id
+        fut = self._loop.create_future()
+        self._pending[call_id] = fut
+        self.send({"type": "call", "id": call_id, "op": op, "args": args, "kwargs": kwargs})
+        msg = await fut
+        if not msg.get("ok"):
+            raise OperatorError(str(msg.get("error", "operator failed")))
+        return msg.get("value")
+
+
+def _resolve(fut, msg):
+    if not fut.done():
+        fut.set_result(msg)
+
+
+def _jsonable(value):
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (int, float, bool)):
+        return value
+    return str(value)
+
+
+def _make_operator(channel, name):
+    async def operator(*args, **kwargs):
+        return await channel.call(name, [_jsonable(a) for a in args], {k: _jsonable(v) for k, v in kwargs.items()})
+
+    operator.__name__ = name
+    return operator
+
+
+def _restricted_builtins(names, imports):
+    allowed = {n: getattr(builtins, n) for n in names if hasattr(builtins, n)}
+    allowed["__build_class__"] = builtins.__build_class__  # needed to define the Workflow class itself
+    allowed["OperatorError"] = OperatorError
+    allowed_imports = frozenset(imports)
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level != 0 or name not in allowed_imports:
+            raise ImportError(f"import of {name!r} is not allowed in a workflow")
+        return builtins.__import__(name, globals, locals, fromlist, level)
+
+    allowed["__import__"] = guarded_import
+    return allowed
+
+
+async def _run(channel, init):
+    ns = {"__builtins__": _restricted_builtins(init["builtins"], init.get("imports", [])), "__name__": "workflow"}
+    exec(compile(init["code"], "<workflow>", "exec"), ns)
+    cls = ns.get("Workflow")
+    if cls is None:
+        raise NameError("the code defines no class Workflow")
+    wf = cls()
+    for name in init["operators"]:
+        setattr(wf, name, _make_operator(channel, name))
+    answer = await wf.run()
+    if answer is None:
+        raise ValueError("the workflow returned None (it must return the final solution)")
+    return answer if isinstance(answer, str) else str(answer)
+
+
+def main():
+    # Keep the real stdout for the protocol on a private fd, then point fd 1 and sys.stdout away from it so
+    # nothing the workflow prints can forge protocol messages.
+    proto_fd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    line = sys.stdin.buffer.readline()
+    init = json.loads(line)
+    sys.stdout = _CappedWriter(int(init.get("max_print_bytes", 65536)))
+    channel = Channel(proto_fd, sys.stdin.buffer)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    channel.start_reader(loop)
+    try:
+        answer = loop.run_until_complete(_run(channel, init))
+        channel.send({"type": "result", "answer": answer})
+    except BaseException as exc:  # report everything; the parent decides the status
+        tb = traceback.format_exception_only(type(exc), exc)
+        channel.send({"type": "error", "status": "runtime_error", "exc_type": type(exc).__name__,
+                      "message": "".join(tb).strip()[-2000:]})
+    finally:
+        sys.stdout = sys.__stdout__
+    os._exit(0)  # skip interpreter teardown: daemon reader thread may still block on stdin
+
+
+if __name__ == "__main__":
+    main()

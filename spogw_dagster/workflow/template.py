@@ -1,0 +1,166 @@
+"""The workflow language: the template, the operators offered per benchmark family, the generator prompt.
+
+A workflow is the source of one class `Workflow` with an `async def run(self)` method. The operators are
+bound to the query by the runtime and appear as `self.<operator>`; the workflow never sees the query text
+(ScoreFlow's shape: the generator writes a workflow *for* a query, not one that embeds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    name: str
+    signature: str  # as shown to the generator
+    doc: str
+    params: tuple[str, ...]  # accepted keyword/positional parameter names, in order
+    required: int  # how many leading params are required
+
+
+OPERATORS: dict[str, OperatorSpec] = {
+    s.name: s
+    for s in [
+        OperatorSpec("custom", "custom(instruction: str) -> str",
+                     "Ask the executor LLM to answer the query following your instruction.", ("instruction",), 1),
+        OperatorSpec("answer_generate", "answer_generate() -> str",
+                     "Think step by step, then give a short final answer to the query.", (), 0),
+        OperatorSpec("code_generate", "code_generate(instruction: str) -> str",
+                     "Write a Python solution to the coding task following your instruction; returns code.",
+                     ("instruction",), 1),
+        OperatorSpec("programmer", "programmer(analysis: str = '') -> str",
+                     "Write and run a Python program that computes the answer; returns the code and its output.",
+                     ("analysis",), 0),
+        OperatorSpec("sc_ensemble", "sc_ensemble(solutions: list[str]) -> str",
+                     "Self-consistency: return the solution that agrees with most of the others.",
+                     ("solutions",), 1),
+        OperatorSpec("review", "review(solution: str) -> str",
+                     "Critique a solution and return a revised solution.", ("solution",), 1),
+        OperatorSpec("test", "test(solution: str) -> str",
+                     "Run the task's public example tests on a code solution and fix it if they fail; returns code.",
+                     ("solution",), 1),
+    ]
+}
+
+FAMILY_OPERATORS: dict[str, tuple[str, ...]] = {
+    "code": ("code_generate", "sc_ensemble", "test"),
+    "math": ("custom", "programmer", "sc_ensemble", "review"),
+    "qa": ("custom", "answer_generate", "sc_ensemble", "review"),
+}
+
+# The starting workflow per family: one executor call (what the generator is asked to improve on).
+TEMPLATES: dict[str, str] = {
+    "code": (
+        "class Workflow:\n"
+        "    async def run(self):\n"
+        "        solution = await self.code_generate(instruction=\"Write the function.\")\n"
+        "        return solution\n"
+    ),
+    "math": (
+        "class Workflow:\n"
+        "    async def run(self):\n"
+        "        solution = await self.custom(instruction=\"Solve the problem step by step.\")\n"
+        "        return solution\n"
+    ),
+    "qa": (
+        "class Workflow:\n"
+        "    async def run(self):\n"
+        "        solution = await self.answer_generate()\n"
+        "        return solution\n"
+    ),
+}
+
+# Few-shot examples for the completion-style generator prompt. Small models copy the shape of what they
+# see, so each example is short, valid and ends with `return`.
+FEW_SHOT: dict[str, tuple[str, ...]] = {
+    "code": (
+        "        a = await self.code_generate(instruction=\"Think step by step, then write the code.\")\n"
+        "        b = await self.code_generate(instruction=\"Write simple, correct code.\")\n"
+        "        c = await self.code_generate(instruction=\"Handle edge cases carefully.\")\n"
+        "        best = await self.sc_ensemble(solutions=[a, b, c])\n"
+        "        return await self.test(solution=best)\n",
+        "        solution = await self.code_generate(instruction=\"Write the function.\")\n"
+        "        return await self.test(solution=solution)\n",
+        "        solutions = []\n"
+        "        for i in range(3):\n"
+        "            solutions.append(await self.code_generate(instruction=\"Write the code.\"))\n"
+        "        return await self.sc_ensemble(solutions=solutions)\n",
+    ),
+    "math": (
+        "        a = await self.custom(instruction=\"Solve step by step.\")\n"
+        "        b = await self.programmer(analysis=a)\n"
+        "        best = await self.sc_ensemble(solutions=[a, b])\n"
+        "        return await self.review(solution=best)\n",
+        "        solution = await self.programmer(analysis=\"Compute the answer.\")\n"
+        "        return solution\n",
+        "        solutions = []\n"
+        "        for i in range(3):\n"
+        "            solutions.append(await self.custom(instruction=\"Think step by step.\"))\n"
+        "        return await self.sc_ensemble(solutions=solutions)\n",
+    ),
+    "qa": (
+        "        a = await self.answer_generate()\n"
+        "        b = await self.custom(instruction=\"Find the key facts, then answer briefly.\")\n"
+        "        best = await self.sc_ensemble(solutions=[a, b])\n"
+        "        return await self.review(solution=best)\n",
+        "        solution = await self.answer_generate()\n"
+        "        return await self.review(solution=solution)\n",
+        "        solutions = []\n"
+        "        for i in range(3):\n"
+        "            solutions.append(await self.answer_generate())\n"
+        "        return await self.sc_ensemble(solutions=solutions)\n",
+    ),
+}
+
+WORKFLOW_HEADER = "class Workflow:\n    async def run(self):\n"
+# The generator's completion is cut here: the next example would start with this line.
+GENERATOR_STOP = ("\nclass ", "\n# Task", "\n```", "\n\n\n")
+
+
+def operator_names(family: str) -> tuple[str, ...]:
+    try:
+        return FAMILY_OPERATORS[family]
+    except KeyError:
+        raise ValueError(f"unknown benchmark family {family!r}; expected one of {sorted(FAMILY_OPERATORS)}") from None
+
+
+def operator_help(family: str) -> str:
+    lines = []
+    for name in operator_names(family):
+        spec = OPERATORS[name]
+        lines.append(f"#   await self.{spec.signature}  -- {spec.doc}")
+    return "\n".join(lines)
+
+
+def _task_comment(question: str, max_chars: int = 600) -> str:
+    q = " ".join(question.split())
+    if len(q) > max_chars:
+        q = q[: max_chars - 3] + "..."
+    return f"# Task: {q}"
+
+
+def generator_prompt(family: str, question: str) -> str:
+    """Completion-style prompt for the generator, ending with the workflow header so the model writes the body.
+
+    Designed for small models (DESIGN §3): plain completion, three few-shot workflows, the class header and
+    the body's indentation prefilled. The model's completion is the method body; `assemble_workflow`
+    turns it back into a full class.
+    """
+    parts = [
+        "# Workflows are Python classes that solve a task by calling these operators (and nothing else):",
+        operator_help(family),
+        "# A workflow must not contain task-specific facts; it must end with `return`.",
+        "",
+    ]
+    for i, body in enumerate(FEW_SHOT[family]):
+        parts.append(f"# Example workflow {i + 1}")
+        parts.append(WORKFLOW_HEADER + body)
+    parts.append(_task_comment(question))
+    parts.append(WORKFLOW_HEADER + "        ")
+    return "\n".join(parts)
+
+
+def assemble_workflow(completion: str) -> str:
+    """Rebuild the full class from a completion of `generator_prompt` (which prefilled 8 spaces)."""
+    return WORKFLOW_HEADER + "        " + completion
