@@ -1,0 +1,43 @@
+"""Executors: the LLMs that workflows call.
+
+- `Executor` (the protocol), `ExecutorError`, `MeteredExecutor` (per-run accounting): `base`
+- `OpenAICompatExecutor`: any OpenAI-compatible HTTP endpoint (vLLM, llama.cpp server, hosted APIs)
+- `CallCache`, `CachingExecutor`: the persistent call cache
+
+Typical composition (one shared executor per process, one meter per workflow run):
+
+    shared = CachingExecutor(OpenAICompatExecutor(url, model), CallCache("assets/call_cache.sqlite"))
+    run_exec = MeteredExecutor(shared)
+
+`OpenAICompatExecutor` is imported lazily (it pulls httpx and tenacity).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spogw_dagster.executors.base import Executor, ExecutorError, MeteredExecutor
+from spogw_dagster.executors.cache import CachedCall, CachingExecutor, CallCache, cache_key, is_cacheable
+
+if TYPE_CHECKING:
+    from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
+
+__all__ = [
+    "Executor",
+    "ExecutorError",
+    "MeteredExecutor",
+    "OpenAICompatExecutor",
+    "CallCache",
+    "CachedCall",
+    "CachingExecutor",
+    "cache_key",
+    "is_cacheable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OpenAICompatExecutor":
+        from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
+
+        return OpenAICompatExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""The executor interface: one async chat call, its failure type, and per-run accounting.
+
+Every executor (OpenAI-compatible HTTP, the embedded llama.cpp model, test fakes) satisfies
+`Executor`. Wrappers compose around it:
+
+    shared = CachingExecutor(OpenAICompatExecutor(url, model), CallCache(path))   # one per process
+    run_exec = MeteredExecutor(shared)                                            # one per workflow run
+    ...
+    run_exec.usage        # this run's calls, cached calls, tokens, latency
+
+A call that finally fails raises `ExecutorError`; callers map it to `Status.EXECUTOR_ERROR`
+(our infrastructure failed, not the workflow).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from spogw_dagster.types import ChatResult, SamplingParams, Usage
+
+__all__ = ["Executor", "ExecutorError", "MeteredExecutor"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """An LLM that answers chat requests.
+
+    `messages` are OpenAI-style dicts (`{"role": "user", "content": "..."}`). Implementations must be
+    safe to call from many concurrent asyncio tasks, raise `ExecutorError` (and nothing else, except
+    `asyncio.CancelledError`) when a call fails, and fill `ChatResult.latency_s`.
+    """
+
+    model: str
+
+    async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ExecutorError(RuntimeError):
+    """The executor failed for good: retries exhausted, or a non-retryable reply (most 4xx).
+
+    `status_code` is the last HTTP status seen (None for connection errors, timeouts, garbled
+    replies or non-HTTP executors); `attempts` is how many requests were made. The message never
+    contains an API key.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, attempts: int = 0,
+                 retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.attempts = attempts
+        # True when the last failure was of a retryable kind (the budget ran out), False for a
+        # definitive rejection (e.g. HTTP 400). Useful to tell "endpoint flaky" from "request bad".
+        self.retryable = retryable
+
+
+class MeteredExecutor:
+    """A thin wrapper that records every successful call of `inner` into its own `Usage`.
+
+    Create one per workflow run around a shared executor: each run gets its own accounting while
+    all runs share the inner executor's connection pool, concurrency limit and cache. Failed calls
+    are counted in `failed_calls` (they are not in `Usage`, which sums results).
+
+    The wrapper does not own `inner`: `aclose()` leaves it open unless `close_inner=True`.
+    """
+
+    def __init__(self, inner: Executor, usage: Usage | None = None, *, close_inner: bool = False) -> None:
+        self.inner = inner
+        self.usage = usage if usage is not None else Usage()
+        self.failed_calls = 0
+        self._close_inner = close_inner
+
+    @property
+    def model(self) -> str:  # type: ignore[override]
+        return self.inner.model
+
+    async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        try:
+            result = await self.inner.chat(messages, params)
+        except ExecutorError:
+            self.failed_calls += 1
+            raise
+        self.usage.add(result)
+        return result
+
+    async def aclose(self) -> None:
+        if self._close_inner:
+            await self.inner.aclose()
+
+    async def __aenter__(self) -> "MeteredExecutor":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"MeteredExecutor({self.inner!r}, usage={self.usage})"
