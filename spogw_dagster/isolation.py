@@ -177,13 +177,22 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
                 cmd += ["--symlink", os.readlink(target), target]
             elif os.path.isdir(target):
                 cmd += ["--ro-bind", target, target]
+        binds = [(host, inside) for host, inside in ro_files]
         if not prefix.startswith("/usr/"):
-            cmd += ["--ro-bind", prefix, prefix]
+            binds.insert(0, (prefix, prefix))
+        made: set[str] = set()
+        for _, inside in binds:
+            # bwrap creates missing parents as 0700 root dirs; the unprivileged uid must traverse them.
+            parents = [str(p) for p in reversed(Path(inside).parents) if str(p) != "/"]
+            for d in parents:
+                if d not in made:
+                    made.add(d)
+                    cmd += ["--perms", "0755", "--dir", d]
         cmd += ["--dev", "/dev", "--proc", "/proc",
                 "--size", str(limits.scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp",
                 "--chdir", "/tmp", "--clearenv", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
                 "--setenv", "PYTHONHASHSEED", "0"]
-        for host, inside in ro_files:
+        for host, inside in binds:
             cmd += ["--ro-bind", host, inside]
         uid = str(random.SystemRandom().randrange(200_000, 2_000_000))  # fresh uid: its own process count
         if iso.setpriv:  # root: no user namespace; drop to the fresh uid with no capabilities at all

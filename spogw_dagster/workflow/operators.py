@@ -1,0 +1,239 @@
+"""Parent-side operators: what `await self.<op>(...)` in a workflow actually does.
+
+They run in the trusted parent: they build prompts from the query (which the workflow never sees), call the
+executor LLM (through the cache and the per-run meter), and run generated code in the sandbox. The
+workflow only ever gets strings back. The `test` operator sees only the query's public tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..isolation import Isolation, Limits, run_code
+from ..types import Problem, SamplingParams
+from .template import OPERATORS
+
+SYSTEM = "You are a helpful assistant."
+ANSWER_HINT = {
+    "math": "Give the final answer at the end as \\boxed{answer}.",
+    "qa": "End with one line of the form `Answer: <short answer>`.",
+    "code": "Reply with the complete Python function in one ```python code block.",
+}
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 384
+    max_operator_calls: int = 16  # per workflow run: a loop of operator calls cannot run up a bill
+    max_llm_calls: int = 32
+    max_arg_chars: int = 20_000
+    max_solutions: int = 8
+    programmer_attempts: int = 2
+    test_fix_rounds: int = 2
+    code_limits: Limits = Limits(wall_s=10, cpu_s=5, memory_mb=512, nproc=8)
+
+
+class OperatorCallError(Exception):
+    """The workflow called an operator wrongly (bad arguments). Its run becomes a runtime_error."""
+
+
+class BudgetExceeded(OperatorCallError):
+    pass
+
+
+def derive_seed(*parts: Any) -> int:
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+
+_BOXED = re.compile(r"\\boxed\s*\{")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def last_boxed(text: str) -> str | None:
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    i, depth, out = starts[-1], 1, []
+    while i < len(text):
+        ch = text[i]
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth == 0:
+            return "".join(out).strip()
+        out.append(ch)
+        i += 1
+    return None
+
+
+def code_block(text: str) -> str:
+    """The last fenced python block, else the text from the first def/import on."""
+    blocks = _FENCE.findall(text)
+    if blocks:
+        return max(blocks, key=len).strip() + "\n"
+    m = re.search(r"^(?:from |import |def )", text, re.MULTILINE)
+    return (text[m.start():] if m else text).strip() + "\n"
+
+
+def vote_key(family: str, text: str) -> str:
+    """What two solutions must share to count as the same answer in self-consistency voting."""
+    if family == "math":
+        boxed = last_boxed(text)
+        if boxed is not None:
+            return boxed.replace(" ", "")
+        nums = _NUMBER.findall(text)
+        return nums[-1].replace(",", "") if nums else text.strip().lower()
+    if family == "qa":
+        m = re.findall(r"answer\s*:\s*(.+)", text, re.IGNORECASE)
+        ans = m[-1] if m else text.strip().splitlines()[-1] if text.strip() else ""
+        return " ".join(re.sub(r"[^\w\s]", " ", ans.lower()).split())
+    return " ".join(code_block(text).split())
+
+
+class Operators:
+    """The operator set bound to one query and one workflow run."""
+
+    def __init__(self, problem: Problem, executor, iso: Isolation, cfg: OperatorConfig, run_seed: int,
+                 offered: tuple[str, ...]):
+        self.problem = problem
+        self.executor = executor
+        self.iso = iso
+        self.cfg = cfg
+        self.run_seed = run_seed
+        self.offered = offered
+        self.operator_calls = 0
+        self.llm_calls = 0
+        self.trace: list[dict[str, Any]] = []
+
+    # --- plumbing -------------------------------------------------------------------------------------
+    async def call(self, op: str, args: list, kwargs: dict) -> str:
+        if op not in self.offered:
+            raise OperatorCallError(f"operator {op!r} is not offered")
+        self.operator_calls += 1
+        if self.operator_calls > self.cfg.max_operator_calls:
+            raise BudgetExceeded(f"more than {self.cfg.max_operator_calls} operator calls in one run")
+        spec = OPERATORS[op]
+        if len(args) > len(spec.params) or any(k not in spec.params for k in kwargs):
+            raise OperatorCallError(f"bad arguments for {spec.signature}")
+        bound = dict(zip(spec.params, args))
+        for k, v in kwargs.items():
+            if k in bound:
+                raise OperatorCallError(f"{op}() got multiple values for {k!r}")
+            bound[k] = v
+        if len(bound) < spec.required:
+            raise OperatorCallError(f"{op}() is missing a required argument: {spec.signature}")
+        for k, v in bound.items():
+            if k == "solutions":
+                if not isinstance(v, list) or not v or not all(isinstance(s, str) for s in v):
+                    raise OperatorCallError(f"{op}(solutions=...) needs a non-empty list of strings")
+                if len(v) > self.cfg.max_solutions:
+                    raise OperatorCallError(f"{op}() takes at most {self.cfg.max_solutions} solutions")
+                if any(len(s) > self.cfg.max_arg_chars for s in v):
+                    raise OperatorCallError(f"a solution passed to {op}() is too long")
+            elif not isinstance(v, str):
+                bound[k] = "" if v is None else str(v)
+            if isinstance(bound[k], str) and len(bound[k]) > self.cfg.max_arg_chars:
+                raise OperatorCallError(f"argument {k!r} of {op}() is longer than {self.cfg.max_arg_chars} chars")
+        result = await getattr(self, f"op_{op}")(**bound)
+        self.trace.append({"op": op, "chars": len(result)})
+        return result
+
+    async def _chat(self, user: str, *, temperature: float | None = None, max_tokens: int | None = None) -> str:
+        self.llm_calls += 1
+        if self.llm_calls > self.cfg.max_llm_calls:
+            raise BudgetExceeded(f"more than {self.cfg.max_llm_calls} executor calls in one run")
+        # One seed per call position: reruns hit the cache, repeated identical calls still differ.
+        params = SamplingParams(
+            temperature=self.cfg.temperature if temperature is None else temperature,
+            top_p=self.cfg.top_p,
+            max_tokens=max_tokens or self.cfg.max_tokens,
+            seed=derive_seed(self.run_seed, self.llm_calls),
+        )
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        res = await self.executor.chat(messages, params)
+        return res.text
+
+    @property
+    def family(self) -> str:
+        return self.problem.family
+
+    # --- operators ------------------------------------------------------------------------------------
+    async def op_custom(self, instruction: str) -> str:
+        return await self._chat(f"{instruction}\n\n{self.problem.question}\n\n{ANSWER_HINT[self.family]}")
+
+    async def op_answer_generate(self) -> str:
+        return await self._chat(
+            f"{self.problem.question}\n\nThink step by step, then answer briefly. {ANSWER_HINT['qa']}")
+
+    async def op_code_generate(self, instruction: str) -> str:
+        text = await self._chat(
+            f"{instruction}\n\nComplete this Python function:\n\n```python\n{self.problem.question}\n```\n\n"
+            f"{ANSWER_HINT['code']}")
+        return code_block(text)
+
+    async def op_programmer(self, analysis: str = "") -> str:
+        feedback = ""
+        code, out = "", ""
+        for attempt in range(self.cfg.programmer_attempts):
+            text = await self._chat(
+                f"Write a Python program that computes and prints the final answer to this problem.\n\n"
+                f"Problem: {self.problem.question}\n\nAnalysis: {analysis or 'None'}\n{feedback}\n"
+                f"Reply with the program in one ```python code block; it must print the answer.")
+            code = code_block(text)
+            res = await run_code(code, self.iso, self.cfg.code_limits)
+            out = res.stdout.strip()[-2000:]
+            if res.status.value == "ok" and res.returncode == 0 and out:
+                return f"{code}\nOutput: {out}"
+            feedback = f"\nYour previous program failed: {res.error or 'it printed nothing'}. Fix it."
+        return f"{code}\nOutput: {out or 'error'}"
+
+    async def op_sc_ensemble(self, solutions: list[str]) -> str:
+        if len(solutions) == 1:
+            return solutions[0]
+        keys = [vote_key(self.family, s) for s in solutions]
+        counts = Counter(keys)
+        best, n = counts.most_common(1)[0]
+        if n > 1:
+            return solutions[keys.index(best)]
+        # No two agree: let the executor pick, as ScoreFlow/AFlow do; an unusable reply picks the first.
+        letters = "ABCDEFGH"[: len(solutions)]
+        listing = "\n\n".join(f"{letters[i]}:\n{s[:3000]}" for i, s in enumerate(solutions))
+        text = await self._chat(
+            f"Problem:\n{self.problem.question}\n\nCandidate solutions:\n\n{listing}\n\n"
+            f"Which solution is most likely correct? Reply with one letter from {', '.join(letters)}.",
+            temperature=0.0, max_tokens=16)
+        m = re.search(rf"\b([{letters}])\b", text)
+        return solutions[letters.index(m.group(1))] if m else solutions[0]
+
+    async def op_review(self, solution: str) -> str:
+        return await self._chat(
+            f"Problem:\n{self.problem.question}\n\nProposed solution:\n{solution}\n\n"
+            f"Check the solution for mistakes, then write the corrected complete solution. "
+            f"{ANSWER_HINT[self.family]}")
+
+    async def op_test(self, solution: str) -> str:
+        from ..benchmarks import public_test_program  # late import: benchmarks import scoring libraries
+
+        tests = self.problem.public_tests
+        if not tests:
+            return solution
+        current = solution
+        for round_ in range(self.cfg.test_fix_rounds + 1):
+            res = await run_code(public_test_program(self.problem, current), self.iso, self.cfg.code_limits)
+            if res.status.value == "ok" and res.returncode == 0:
+                return current
+            if round_ == self.cfg.test_fix_rounds:
+                break
+            failure = (res.error or res.stderr.strip()[-500:] or "a test failed")[-800:]
+            text = await self._chat(
+                f"This Python solution fails a test.\n\n```python\n{current}\n```\n\nTests:\n" + "\n".join(tests)
+                + f"\n\nError: {failure}\n\nFix the function. {ANSWER_HINT['code']}")
+            current = code_block(text)
+        return solution  # nothing passed: the fixes are no better than what we were given

@@ -1,0 +1,222 @@
+"""From a generator's raw text to a validated workflow, or a precise reason why not.
+
+Two statuses come out of here: `format_error` (no workflow code could be found in the text) and `invalid`
+(code found, but it does not parse or breaks a rule). The rules are an allow-list: only the offered
+operators, a fixed set of builtins, no imports except `math`, no dunder or frame attributes, no
+`format` tricks, and size limits. They are the first wall; the sandbox is the second.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+from ..types import Status
+from .template import OPERATORS, WORKFLOW_HEADER, operator_names
+
+SAFE_BUILTINS: frozenset[str] = frozenset({
+    "abs", "all", "any", "bool", "dict", "enumerate", "filter", "float", "int", "isinstance", "len", "list",
+    "map", "max", "min", "print", "range", "reversed", "round", "set", "sorted", "str", "sum", "tuple", "zip",
+    "Exception", "ValueError", "TypeError", "KeyError", "IndexError", "RuntimeError", "OperatorError",
+    "True", "False", "None",
+})
+# C-implemented module with no submodules: nothing reachable from it by attribute access.
+ALLOWED_IMPORTS: frozenset[str] = frozenset({"math"})
+
+_FORBIDDEN_NODES = (
+    ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.With, ast.AsyncWith, ast.AsyncFor, ast.Match,
+)
+# Frame/code attributes of coroutines, generators and tracebacks lead back to globals and builtins.
+_FRAME_ATTR = re.compile(r"^(gi|cr|ag|tb|f)_")
+_FORBIDDEN_ATTRS = frozenset({"format", "format_map", "mro"})
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    max_chars: int = 6000
+    max_nodes: int = 1500
+    max_operator_call_sites: int = 16
+
+
+@dataclass
+class ParsedWorkflow:
+    code: str
+    operator_call_sites: int
+    operators_used: tuple[str, ...]
+    repaired: bool = False  # trailing text after the workflow was cut off
+
+
+class WorkflowRejected(Exception):
+    def __init__(self, status: Status, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|\Z)", re.DOTALL)
+_GRAPH = re.compile(r"<graph>(.*?)(?:</graph>|\Z)", re.DOTALL)
+
+
+def extract_code(text: str) -> str:
+    """Find the workflow class in free text: <graph> tags, a markdown fence, or raw code."""
+    if not isinstance(text, str) or not text.strip():
+        raise WorkflowRejected(Status.FORMAT_ERROR, "empty generator output")
+    candidates = [m.group(1) for m in _GRAPH.finditer(text)] + [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    for cand in candidates:
+        idx = cand.find("class Workflow")
+        if idx >= 0:
+            return cand[idx:].strip("\n") + "\n"
+    raise WorkflowRejected(Status.FORMAT_ERROR, "no `class Workflow` found in the generator output")
+
+
+def _longest_parseable_prefix(code: str) -> tuple[str, bool]:
+    """Small models often write a good workflow and then keep going; keep the longest prefix that parses."""
+    try:
+        ast.parse(code)
+        return code, False
+    except SyntaxError:
+        pass
+    lines = code.splitlines(keepends=True)
+    for end in range(len(lines) - 1, 1, -1):
+        prefix = "".join(lines[:end])
+        try:
+            ast.parse(prefix)
+            return prefix, True
+        except SyntaxError:
+            continue
+    raise WorkflowRejected(Status.INVALID, "the workflow code does not parse (syntax error)")
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits()) -> ParsedWorkflow:
+    """Check workflow code against the rules; raise WorkflowRejected(INVALID, reason) on the first breach."""
+    offered = set(operator_names(family))
+
+    def bad(reason: str) -> WorkflowRejected:
+        return WorkflowRejected(Status.INVALID, reason)
+
+    if len(code) > limits.max_chars:
+        raise bad(f"workflow is {len(code)} characters; the limit is {limits.max_chars}")
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        raise bad(f"syntax error: {e.msg} (line {e.lineno})") from None
+    nodes = list(ast.walk(tree))
+    if len(nodes) > limits.max_nodes:
+        raise bad(f"workflow has {len(nodes)} syntax nodes; the limit is {limits.max_nodes}")
+
+    body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    classes = [n for n in body if isinstance(n, ast.ClassDef)]
+    if len(classes) != 1 or classes[0].name != "Workflow" or len(body) != len(classes) + len(imports):
+        raise bad("the code must define exactly one top-level `class Workflow` and nothing else")
+    cls = classes[0]
+    if cls.bases or cls.keywords or cls.decorator_list:
+        raise bad("class Workflow must not have bases, keywords or decorators")
+    methods: dict[str, ast.AST] = {}
+    for item in cls.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if item.decorator_list:
+                raise bad(f"method {item.name!r} must not have decorators")
+            methods[item.name] = item
+        elif isinstance(item, ast.Pass) or (isinstance(item, ast.Expr) and isinstance(item.value, ast.Constant)):
+            continue
+        else:
+            raise bad("class Workflow may contain only methods")
+    run = methods.get("run")
+    if not isinstance(run, ast.AsyncFunctionDef):
+        raise bad("class Workflow needs an `async def run(self)` method")
+    if [a.arg for a in run.args.args] != ["self"] or run.args.vararg or run.args.kwarg or run.args.kwonlyargs:
+        raise bad("`run` must take only `self`")
+    if not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(run)):
+        raise bad("`run` never returns a value (it must end with `return <solution>`)")
+
+    bound = _bound_names(tree)
+    self_attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                  and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    call_sites = 0
+    used: set[str] = set()
+    for node in nodes:
+        if isinstance(node, _FORBIDDEN_NODES):
+            raise bad(f"`{type(node).__name__}` statements are not allowed in a workflow")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for m in mods:
+                if m not in ALLOWED_IMPORTS or (isinstance(node, ast.ImportFrom) and node.level):
+                    raise bad(f"import of {m!r} is not allowed (allowed: {sorted(ALLOWED_IMPORTS)})")
+        if isinstance(node, ast.ClassDef) and node is not cls:
+            raise bad("nested classes are not allowed")
+        if isinstance(node, ast.Name):
+            if node.id.startswith("__"):
+                raise bad(f"dunder name {node.id!r} is not allowed")
+            if isinstance(node.ctx, ast.Load) and node.id not in bound and node.id not in SAFE_BUILTINS:
+                raise bad(f"name {node.id!r} is not allowed (not an allowed builtin and never assigned)")
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_") or _FRAME_ATTR.match(node.attr) or node.attr in _FORBIDDEN_ATTRS:
+                raise bad(f"attribute {node.attr!r} is not allowed")
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and isinstance(node.ctx, ast.Load):
+                if node.attr in OPERATORS and node.attr not in offered:
+                    raise bad(f"operator {node.attr!r} is not offered for {family} benchmarks; "
+                              f"offered: {sorted(offered)}")
+                if node.attr not in offered and node.attr not in methods and node.attr not in self_attrs:
+                    raise bad(f"`self.{node.attr}` is neither an offered operator nor defined by the workflow")
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and (
+            "__" in (node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
+        ):
+            raise bad("string constants containing '__' are not allowed")
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" and f.attr in offered:
+                call_sites += 1
+                used.add(f.attr)
+                spec = OPERATORS[f.attr]
+                if len(node.args) > len(spec.params):
+                    raise bad(f"{f.attr}() takes at most {len(spec.params)} argument(s): {spec.signature}")
+                for kw in node.keywords:
+                    if kw.arg is None or kw.arg not in spec.params:
+                        raise bad(f"{f.attr}() got an unexpected argument {kw.arg!r}: {spec.signature}")
+                given = len(node.args) + len(node.keywords)
+                if given < spec.required:
+                    raise bad(f"{f.attr}() is missing a required argument: {spec.signature}")
+    if call_sites == 0:
+        raise bad("the workflow calls no operator")
+    if call_sites > limits.max_operator_call_sites:
+        raise bad(f"workflow has {call_sites} operator call sites; the limit is {limits.max_operator_call_sites}")
+    return ParsedWorkflow(code=code, operator_call_sites=call_sites, operators_used=tuple(sorted(used)))
+
+
+def parse_workflow(text: str, family: str, *, completion: bool = False,
+                   limits: ValidationLimits = ValidationLimits()) -> ParsedWorkflow:
+    """Extract, repair trailing junk, and validate.
+
+    completion=True: `text` is a completion of `generator_prompt`, i.e. the body of `run` after the
+    prefilled header and indentation.
+    """
+    if completion:
+        if not text or not text.strip():
+            raise WorkflowRejected(Status.FORMAT_ERROR, "empty generator output")
+        code = WORKFLOW_HEADER + "        " + text
+        if not code.endswith("\n"):
+            code += "\n"
+    else:
+        code = extract_code(text)
+    code, repaired = _longest_parseable_prefix(code)
+    parsed = validate(code, family, limits)
+    parsed.repaired = repaired
+    return parsed
