@@ -1,0 +1,129 @@
+"""`spogw` command line: execute one workflow, score a static baseline.
+
+Both use the embedded executor (the bundled SmolLM2 via llama.cpp) unless --executor-url/--executor-model
+name an OpenAI-compatible endpoint. Generated code always runs in the sandbox; --unsafe-no-sandbox opts out
+explicitly where no sandbox exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from .isolation import SandboxUnavailableError, detect_isolation
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--benchmark", required=True, help="humaneval, gsm8k, math, mbpp, drop, hotpotqa")
+    p.add_argument("--data-path", default=None, help="data file for benchmarks not shipped in a package")
+    p.add_argument("--executor-url", default=None, help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--executor-model", default=None, help="model name served at --executor-url")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the endpoint's API key")
+    p.add_argument("--no-cache", action="store_true", help="do not use the persistent executor call cache")
+    p.add_argument("--cache-path", default=None, help="call cache file (default: ~/.cache/spogw/calls.sqlite)")
+    p.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "docker", "none"])
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="allow running generated code without a sandbox when none is available")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="spogw", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("exec-workflow", help="execute one workflow on one query and score it")
+    _common(ex)
+    ex.add_argument("--query", required=True, help="query id, e.g. HumanEval/0 or the GSM8K idx")
+    ex.add_argument("--workflow", required=True, help="file with the workflow (code or raw generator output)")
+    ex.add_argument("--runs", type=int, default=1, help="executions to average (ScoreFlow uses 3)")
+    bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc) on N test queries")
+    _common(bl)
+    bl.add_argument("--method", required=True, choices=["io", "cot", "cot_sc"])
+    bl.add_argument("--limit", type=int, default=20, help="number of test queries")
+    bl.add_argument("--split-seed", type=int, default=0)
+    bl.add_argument("--concurrency", type=int, default=4)
+    bl.add_argument("--show", action="store_true", help="also list per-query results")
+    return ap
+
+
+def _fail(msg: str, as_json: bool, code: int = 2) -> int:
+    if as_json:
+        print(json.dumps({"status": "error", "error": msg}))
+    else:
+        print(f"spogw: error: {msg}", file=sys.stderr)
+    return code
+
+
+async def _exec_workflow(args) -> int:
+    from .benchmarks import get_problem
+    from .evaluation import evaluate_text
+    from .executors.factory import make_executor
+
+    problem = get_problem(args.benchmark, args.query, path=args.data_path)
+    text = Path(args.workflow).read_text()
+    iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
+    executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,
+                             use_cache=not args.no_cache, api_key_env=args.api_key_env)
+    try:
+        res = await evaluate_text(text, problem, executor, iso, runs=args.runs, seed=args.seed)
+    finally:
+        await executor.aclose()
+    out = res.to_json()
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{out['benchmark']} {out['query']}: status={out['status']} score={out['score']:.3f} "
+              f"calls={out['llm_calls']} tokens={out['prompt_tokens']}+{out['completion_tokens']} "
+              f"isolation={out['isolation']}")
+        if out["error"]:
+            print(f"error: {out['error']}")
+    return 0
+
+
+async def _baseline(args) -> int:
+    from .benchmarks import test_problems
+    from .evaluation import baseline_workflow, evaluate_many, summarize
+    from .executors.factory import make_executor
+
+    problems = test_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
+    code = baseline_workflow(problems[0].family, args.method)
+    iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
+    executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,
+                             use_cache=not args.no_cache, api_key_env=args.api_key_env)
+    try:
+        results = await evaluate_many(code, problems, executor, iso, concurrency=args.concurrency, seed=args.seed)
+    finally:
+        await executor.aclose()
+    summary = {"benchmark": args.benchmark, "method": args.method, "executor": executor.model,
+               "isolation": iso.kind, **summarize(results)}
+    if args.show or args.json:
+        summary["results"] = [{"query": r.query_id, "status": r.status.value, "score": r.score} for r in results]
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        lo, hi = summary["ci95"]
+        print(f"{args.benchmark} {args.method}: solve rate {summary['solve_rate']:.3f} "
+              f"(95% CI {lo:.3f}-{hi:.3f}) over {summary['scored']} queries; statuses {summary['statuses']}; "
+              f"{summary['llm_calls']} executor calls ({summary['cached_calls']} cached)")
+        for r in summary.get("results", []):
+            print(f"  {r['query']}: {r['status']} {r['score']:.2f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "exec-workflow":
+            return asyncio.run(_exec_workflow(args))
+        return asyncio.run(_baseline(args))
+    except SandboxUnavailableError as e:
+        return _fail(str(e), args.json)
+    except (ValueError, KeyError, FileNotFoundError, LookupError) as e:
+        return _fail(str(e), args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The embedded executor: the bundled SmolLM2-135M-Instruct GGUF run in-process by llama.cpp.
+
+No server, no key, no download. llama.cpp contexts are not thread-safe, so calls are serialised through
+one lock and run in a worker thread to keep the event loop free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from ..paths import smollm2_gguf
+from ..types import ChatResult, SamplingParams
+from .base import ExecutorError
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
+
+
+class EmbeddedExecutor:
+    """`Executor` on a local GGUF file (default: the bundled SmolLM2). `model` names the file's content."""
+
+    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 4096,
+                 n_threads: int | None = None):
+        path = Path(gguf_path) if gguf_path else smollm2_gguf()
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF model file not found: {path}")
+        try:
+            from llama_cpp import Llama
+        except ImportError as e:  # pragma: no cover - install problem
+            raise ExecutorError(f"llama-cpp-python is not installed ({e}); fix: pip install llama-cpp-python") from e
+        self.path = path
+        self.model = f"{path.stem}@{_file_digest(path)}"
+        self._llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or min(os.cpu_count() or 1, 4),
+                          verbose=False)
+        self._lock = asyncio.Lock()
+
+    def _complete(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        t0 = time.monotonic()
+        out = self._llm.create_chat_completion(
+            messages=messages,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_tokens,
+            stop=list(params.stop) or None,
+            seed=params.seed if params.seed is not None else -1,
+        )
+        usage = out.get("usage") or {}
+        text = out["choices"][0]["message"].get("content") or ""
+        return ChatResult(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                          completion_tokens=int(usage.get("completion_tokens", 0)),
+                          latency_s=time.monotonic() - t0, model=self.model)
+
+    async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(self._complete, messages, params)
+            except ValueError as e:  # e.g. the prompt does not fit the context window
+                raise ExecutorError(f"embedded model rejected the request: {e}") from e
+            except Exception as e:  # llama.cpp failures are our infrastructure's, not the workflow's
+                raise ExecutorError(f"embedded model failed: {type(e).__name__}: {e}") from e
+
+    async def aclose(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.close() if hasattr(llm, "close") else None

@@ -1,0 +1,35 @@
+"""Build the executor a user asked for: the embedded model by default, an endpoint when given one,
+wrapped in the persistent call cache unless disabled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..paths import cache_dir
+
+
+def default_cache_path() -> Path:
+    return cache_dir() / "calls.sqlite"
+
+
+def make_executor(url: str | None = None, model: str | None = None, *, cache_path: str | Path | None = None,
+                  use_cache: bool = True, api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8,
+                  timeout_s: float = 120.0):
+    if url:
+        if not model:
+            raise ValueError("--executor-url needs --executor-model (the model name the endpoint serves)")
+        from .openai_compat import OpenAICompatExecutor
+
+        inner = OpenAICompatExecutor(url, model, api_key_env=api_key_env, max_concurrency=max_concurrency,
+                                     timeout_s=timeout_s)
+    else:
+        if model:
+            raise ValueError("--executor-model without --executor-url: give the endpoint URL too")
+        from .embedded import EmbeddedExecutor
+
+        inner = EmbeddedExecutor()
+    if not use_cache:
+        return inner
+    from .cache import CachingExecutor, CallCache
+
+    return CachingExecutor(inner, CallCache(cache_path or default_cache_path()))
