@@ -1,0 +1,219 @@
+"""Hyperparameters of the curation pipeline and of the training objectives, validated on construction.
+
+Every value of DESIGN §2 that the paper leaves open is a field here, with the default we chose and why.
+Both classes are plain frozen dataclasses (no Dagster, no torch) so that a Dagster `Config`, a YAML file or a
+test can build them with `CurationConfig(**mapping)` / `CurationConfig.from_dict(mapping)`. A bad value raises
+`ConfigError` (a `ValueError`) whose message names the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+__all__ = [
+    "ConfigError",
+    "CurationConfig",
+    "ObjectiveConfig",
+    "OBJECTIVE_NAMES",
+]
+
+#: Every loss that `objectives.compute_loss` dispatches on.
+OBJECTIVE_NAMES: tuple[str, ...] = ("spogw", "grpo", "grpo_nokl", "score_dpo", "rwr")
+
+
+class ConfigError(ValueError):
+    """A hyperparameter is out of range or inconsistent with another one."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _require_int(cls: str, name: str, value: Any) -> None:
+    if not _is_int(value):
+        raise ConfigError(f"{cls}.{name} must be an integer, got {value!r} ({type(value).__name__}).")
+
+
+def _require_real(cls: str, name: str, value: Any) -> None:
+    if not _is_real(value):
+        raise ConfigError(f"{cls}.{name} must be a finite number, got {value!r}.")
+
+
+class _FromDict:
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        """Build from a mapping; unknown keys are an error (a typo must not silently fall back to a default)."""
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(
+                f"{cls.__name__}: unknown field(s) {unknown}; valid fields are {sorted(names)}."
+            )
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class CurationConfig(_FromDict):
+    """Filtering, grouping, screening, sharpening and advantages (DESIGN §2).
+
+    m         workflows sampled per query (paper: 16). Curation itself works with however many usable rows a
+              query has; m is checked against n and 2t so that an impossible setting fails before sampling.
+    n         group size before sharpening (paper: 14 of 16).
+    t         sharpening keeps the top-t and bottom-t of each group, so a sharpened group has 2t members.
+              The paper does not give t; 4 (groups of 8, TRL's default group size) is our default.
+    g_max     at most this many groups per query; all C(m', n) groups are enumerated when C(m', n) <= g_max,
+              else g_max distinct groups are sampled uniformly with a seeded RNG. Default 120 = C(16, 14), so
+              the paper's setting enumerates every group.
+    tau_sim   near-duplicate threshold on normalised-code similarity (0 < tau_sim <= 1); 1.0 drops only
+              workflows whose normalised code is identical. Default 0.95.
+    tau_std   screening keeps a group iff its score std >= tau_std (0 keeps every group, also equal-score ones).
+              Default 0.05: drops equal-score groups and keeps a 14-group with one workflow at 1/3 (std 0.086).
+    adv_eps   the ε in Â = (s − mean)/(std + ε). Default 1e-4, TRL's value.
+    std_ddof  0 = population std (divide by k), 1 = sample std (divide by k − 1); used for screening and for
+              the advantage. Default 0: with 2t = 2 the advantages are exactly ±1/(1+2ε) for distinct scores.
+              (TRL's GRPO uses the sample std.)
+    dedup_sharpened_groups
+              when True, a sharpened group whose member set equals an earlier kept group of the same query is
+              dropped with reason "duplicate_of_group:<group_id>". Overlapping n-subsets often sharpen to the
+              same 2t workflows; the paper keeps them all (it weights extreme workflows by how often they are
+              extreme), so the default is False.
+    seed      seed of group sampling (combined with iteration and query id, so groups do not depend on row order).
+    """
+
+    m: int = 16
+    n: int = 14
+    t: int = 4
+    g_max: int = 120
+    tau_sim: float = 0.95
+    tau_std: float = 0.05
+    adv_eps: float = 1e-4
+    std_ddof: int = 0
+    dedup_sharpened_groups: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        for name in ("m", "n", "t", "g_max", "std_ddof", "seed"):
+            _require_int(c, name, getattr(self, name))
+        for name in ("tau_sim", "tau_std", "adv_eps"):
+            _require_real(c, name, getattr(self, name))
+        if not isinstance(self.dedup_sharpened_groups, bool):
+            raise ConfigError(f"{c}.dedup_sharpened_groups must be True or False, got {self.dedup_sharpened_groups!r}.")
+        if self.t < 1:
+            raise ConfigError(
+                f"{c}.t={self.t}: sharpening keeps the top-t and bottom-t workflows, so t must be >= 1; set t >= 1."
+            )
+        if self.n < 2 * self.t:
+            raise ConfigError(
+                f"{c}.n={self.n} < 2t={2 * self.t}: a group of n workflows cannot be sharpened to its top-{self.t} "
+                f"and bottom-{self.t}; set n >= 2t (or lower t to <= {self.n // 2})."
+            )
+        if self.m < self.n:
+            raise ConfigError(
+                f"{c}.m={self.m} < n={self.n}: groups of n are drawn from the m workflows sampled per query; "
+                f"set m >= n (or lower n to <= {self.m})."
+            )
+        if self.g_max < 1:
+            raise ConfigError(f"{c}.g_max={self.g_max}: at least one group per query is needed; set g_max >= 1.")
+        if not (0.0 < self.tau_sim <= 1.0):
+            raise ConfigError(
+                f"{c}.tau_sim={self.tau_sim}: a similarity threshold must satisfy 0 < tau_sim <= 1 "
+                f"(1.0 drops only identical normalised code); choose a value in (0, 1]."
+            )
+        if self.tau_std < 0.0:
+            raise ConfigError(
+                f"{c}.tau_std={self.tau_std}: a standard deviation threshold must be >= 0 "
+                f"(0 keeps every group); set tau_std >= 0."
+            )
+        if self.adv_eps < 0.0:
+            raise ConfigError(f"{c}.adv_eps={self.adv_eps}: the advantage ε must be >= 0; set adv_eps >= 0.")
+        if self.std_ddof not in (0, 1):
+            raise ConfigError(
+                f"{c}.std_ddof={self.std_ddof}: use 0 (population std) or 1 (sample std)."
+            )
+
+    @property
+    def sharpened_size(self) -> int:
+        return 2 * self.t
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig(_FromDict):
+    """Loss selection and its hyperparameters (DESIGN §2).
+
+    name         one of OBJECTIVE_NAMES.
+    beta         KL coefficient β of spogw/grpo (paper's best: 0.1). `grpo_nokl` ignores it (β = 0).
+    clip_eps     ε_c of the clipped surrogate: ρ is clipped to [1 − ε_c, 1 + ε_c]. Default 0.2 (TRL, PPO).
+    dpo_beta     β of Score-DPO (ScoreFlow: 0.1).
+    dpo_pair_power
+                 pairs are sampled with probability ∝ (s_w − s_l)^power (ScoreFlow: 3).
+    dpo_num_pairs
+                 pairs drawn (with replacement) when the loss samples pairs inside a batch; None = as many as
+                 there are candidate pairs in the batch.
+    rwr_temperature
+                 W4S weight exp(r / T); T = 0.4 (W4S default).
+    rwr_normalize_weights
+                 False (W4S): raw weights exp(r/T). True: divide by their batch mean (self-normalised RWR).
+    seed         seed of in-batch pair sampling for score_dpo.
+    """
+
+    name: str = "spogw"
+    beta: float = 0.1
+    clip_eps: float = 0.2
+    dpo_beta: float = 0.1
+    dpo_pair_power: float = 3.0
+    dpo_num_pairs: int | None = None
+    rwr_temperature: float = 0.4
+    rwr_normalize_weights: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        c = type(self).__name__
+        if self.name not in OBJECTIVE_NAMES:
+            raise ConfigError(f"{c}.name={self.name!r} is not a known objective; choose one of {list(OBJECTIVE_NAMES)}.")
+        for name in ("beta", "clip_eps", "dpo_beta", "dpo_pair_power", "rwr_temperature"):
+            _require_real(c, name, getattr(self, name))
+        _require_int(c, "seed", self.seed)
+        if self.beta < 0.0:
+            raise ConfigError(
+                f"{c}.beta={self.beta}: the KL coefficient must be >= 0 (0 disables the KL term); set beta >= 0."
+            )
+        if not (0.0 < self.clip_eps < 1.0):
+            raise ConfigError(
+                f"{c}.clip_eps={self.clip_eps}: the ratio is clipped to [1 − ε, 1 + ε], so 0 < clip_eps < 1 "
+                f"(0.2 is usual); choose a value in (0, 1)."
+            )
+        if self.dpo_beta <= 0.0:
+            raise ConfigError(f"{c}.dpo_beta={self.dpo_beta}: the DPO β must be > 0 (ScoreFlow uses 0.1).")
+        if self.dpo_pair_power < 0.0:
+            raise ConfigError(
+                f"{c}.dpo_pair_power={self.dpo_pair_power}: pair weights (s_w − s_l)^power need power >= 0 "
+                f"(ScoreFlow uses 3; 0 samples uniformly)."
+            )
+        if self.dpo_num_pairs is not None:
+            _require_int(c, "dpo_num_pairs", self.dpo_num_pairs)
+            if self.dpo_num_pairs < 1:
+                raise ConfigError(
+                    f"{c}.dpo_num_pairs={self.dpo_num_pairs}: draw at least one pair, or None for one draw per "
+                    f"candidate pair."
+                )
+        if self.rwr_temperature <= 0.0:
+            raise ConfigError(
+                f"{c}.rwr_temperature={self.rwr_temperature}: the weight exp(r/T) needs T > 0 (W4S uses 0.4)."
+            )
+        if not isinstance(self.rwr_normalize_weights, bool):
+            raise ConfigError(f"{c}.rwr_normalize_weights must be True or False, got {self.rwr_normalize_weights!r}.")
+
+    @property
+    def effective_beta(self) -> float:
+        """β as the loss applies it: 0 for `grpo_nokl`, `beta` otherwise."""
+        return 0.0 if self.name == "grpo_nokl" else float(self.beta)

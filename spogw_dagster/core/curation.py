@@ -1,0 +1,740 @@
+"""SPOGW data curation: sampled workflows → screened groups → sharpened groups with advantages (DESIGN §2).
+
+Pure functions over Polars frames; no Dagster, no model. The stages, in order, each usable on its own so that an
+asset can store its own stage:
+
+1. `validate_samples`         check and canonicalise the input (one row per sampled workflow).
+2. `exclude_executor_errors`  rows with status `executor_error` leave with reason "executor_error": a failure of
+                              our infrastructure says nothing about the workflow. Every other non-ok status
+                              (format_error, invalid, runtime_error, timeout, sandbox_violation) is a real,
+                              low score and stays.
+3. `filter_near_duplicates`   within a query, a workflow whose normalised code is at least `tau_sim` similar to
+                              a kept workflow with a lower sample_idx leaves with "near_duplicate_of:<idx>".
+4. `form_groups`              groups of n from the m' usable workflows of a query: all C(m', n) when that is
+                              <= g_max, else g_max distinct groups drawn uniformly with a seeded RNG. A query
+                              with m' < n yields one dropped-group row with reason "too_few_workflows".
+5. `screen_groups`            keep groups whose score std >= tau_std, else "low_score_std".
+6. `sharpen_groups`           top-t and bottom-t of each kept group (2t members per group).
+7. `compute_advantages`       Â_i = (s_i − mean_g) / (std_g + ε) over the sharpened group.
+
+`curate` runs all of them and returns a `CurationResult`. `sample_preference_pairs` is the ScoreFlow
+(Score-DPO) alternative to steps 4–7.
+
+Choices where the specification is silent (each is documented again at its function):
+
+* Rows are keyed by (iteration, query_id, sample_idx); a duplicate key is an error. A query is
+  (iteration, query_id): frames holding several iterations are curated per iteration.
+* Scores must lie in [0, 1]. A missing (null/NaN) score counts as 0 for the failure statuses; it is an error
+  for `ok` (a successful run must have been scored); it is ignored for `executor_error` (dropped anyway).
+  The given score of a failure status is used as is (a reward ladder may give partial credit to, e.g.,
+  an invalid workflow); it is not forced to 0.
+* Std: population std (ddof 0) by default, sample std with `std_ddof=1`; the same std is used for screening
+  and for the advantage. A set of equal scores has std exactly 0 (no rounding residue).
+* Sharpening tie-break: among equal scores the lower sample_idx is preferred, in both halves: the top half
+  is the first t of the order (score desc, sample_idx asc); the bottom half is the first t of the order
+  (score asc, sample_idx asc) among the workflows not already in the top half. So the halves never overlap
+  (n >= 2t leaves n − t >= t candidates), even when all scores are equal.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import itertools
+import math
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import polars as pl
+
+from spogw_dagster.types import Status
+
+from .config import CurationConfig
+
+__all__ = [
+    "CurationResult",
+    "REQUIRED_COLUMNS",
+    "validate_samples",
+    "exclude_executor_errors",
+    "normalize_code",
+    "code_similarity",
+    "filter_near_duplicates",
+    "form_groups",
+    "screen_groups",
+    "sharpen_groups",
+    "compute_advantages",
+    "group_std",
+    "curate",
+    "sample_preference_pairs",
+    "summarize",
+]
+
+# --------------------------------------------------------------------------------------------------------------
+# Schemas
+# --------------------------------------------------------------------------------------------------------------
+
+#: Columns every input row must have, with the dtype they are cast to.
+REQUIRED_COLUMNS: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "sample_idx": pl.Int64(),
+    "workflow": pl.String(),
+    "score": pl.Float64(),
+    "status": pl.String(),
+}
+
+_IntList = pl.List(pl.Int64())
+_FloatList = pl.List(pl.Float64())
+
+DROPPED_ROWS_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "sample_idx": pl.Int64(),
+    "status": pl.String(),
+    "score": pl.Float64(),
+    "reason": pl.String(),
+}
+
+GROUPS_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "group_id": pl.String(),
+    "members": _IntList,  # sample_idx of the n members, ascending
+    "scores": _FloatList,  # their scores, same order
+}
+
+SCREENED_SCHEMA: dict[str, pl.DataType] = {
+    **GROUPS_SCHEMA,
+    "score_mean": pl.Float64(),
+    "score_std": pl.Float64(),
+}
+
+DROPPED_GROUPS_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "group_id": pl.String(),  # null for "too_few_workflows" (no group was formed)
+    "members": _IntList,  # the group's members, or the query's usable rows for "too_few_workflows"
+    "score_std": pl.Float64(),  # null where no std was computed
+    "reason": pl.String(),
+}
+
+MEMBERS_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "group_id": pl.String(),
+    "sample_idx": pl.Int64(),
+    "score": pl.Float64(),
+    "role": pl.String(),  # "top" | "bottom"
+    "rank": pl.Int64(),  # 0..2t-1: top half by score desc, then bottom half by score asc
+}
+
+ADVANTAGE_SCHEMA: dict[str, pl.DataType] = {
+    **MEMBERS_SCHEMA,
+    "group_mean": pl.Float64(),
+    "group_std": pl.Float64(),
+    "advantage": pl.Float64(),
+}
+
+PAIRS_SCHEMA: dict[str, pl.DataType] = {
+    "draw": pl.Int64(),
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "chosen_idx": pl.Int64(),
+    "rejected_idx": pl.Int64(),
+    "chosen_score": pl.Float64(),
+    "rejected_score": pl.Float64(),
+}
+
+_STATUS_VALUES = tuple(s.value for s in Status)
+_ZERO_STATUSES = frozenset(s.value for s in Status if s not in (Status.OK, Status.EXECUTOR_ERROR))
+
+REASON_EXECUTOR_ERROR = "executor_error"
+REASON_NEAR_DUPLICATE = "near_duplicate_of"  # + ":<sample_idx>"
+REASON_TOO_FEW = "too_few_workflows"
+REASON_LOW_STD = "low_score_std"
+REASON_DUPLICATE_GROUP = "duplicate_of_group"  # + ":<group_id>"
+
+
+def _frame(rows: dict[str, list[Any]] | None, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    if rows is None:
+        rows = {k: [] for k in schema}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def _columns(records: Sequence[dict[str, Any]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return _frame({k: [r[k] for r in records] for k in schema}, schema)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Validation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def validate_samples(df: pl.DataFrame) -> pl.DataFrame:
+    """Check the input contract and return the required columns with canonical dtypes, sorted by key.
+
+    Raises ValueError on: a missing column; a value that does not cast; a null key or status; an unknown
+    status; a duplicate (iteration, query_id, sample_idx); a score outside [0, 1]; a missing score on an
+    `ok` row. A missing score on a failure status becomes 0.0; a missing workflow becomes "".
+    """
+    if not isinstance(df, pl.DataFrame):
+        raise TypeError(f"expected a polars DataFrame, got {type(df).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"sampled-workflow frame lacks column(s) {missing}; required: {list(REQUIRED_COLUMNS)}"
+        )
+    try:
+        out = df.select([pl.col(c).cast(t, strict=True) for c, t in REQUIRED_COLUMNS.items()])
+    except pl.exceptions.PolarsError as e:  # InvalidOperationError, ComputeError, ...
+        raise ValueError(f"sampled-workflow frame has a column of the wrong type: {e}") from e
+
+    for c in ("iteration", "query_id", "sample_idx", "status"):
+        n_null = out[c].null_count()
+        if n_null:
+            raise ValueError(f"column {c!r} has {n_null} null value(s); every row needs {c}")
+
+    bad_status = sorted(set(out["status"].unique().to_list()) - set(_STATUS_VALUES))
+    if bad_status:
+        raise ValueError(f"unknown status value(s) {bad_status}; allowed: {list(_STATUS_VALUES)}")
+
+    dup = out.group_by(["iteration", "query_id", "sample_idx"]).len().filter(pl.col("len") > 1)
+    if dup.height:
+        first = dup.sort(["iteration", "query_id", "sample_idx"]).row(0, named=True)
+        raise ValueError(
+            f"{dup.height} duplicate (iteration, query_id, sample_idx) key(s), e.g. "
+            f"({first['iteration']}, {first['query_id']!r}, {first['sample_idx']}) appears {first['len']} times"
+        )
+
+    score_missing = pl.col("score").is_null() | pl.col("score").is_nan()
+    ok_missing = out.filter(score_missing & (pl.col("status") == Status.OK.value))
+    if ok_missing.height:
+        r = ok_missing.row(0, named=True)
+        raise ValueError(
+            f"{ok_missing.height} row(s) with status 'ok' have no score, e.g. "
+            f"(iteration={r['iteration']}, query_id={r['query_id']!r}, sample_idx={r['sample_idx']})"
+        )
+    out = out.with_columns(
+        pl.when(score_missing & pl.col("status").is_in(list(_ZERO_STATUSES)))
+        .then(pl.lit(0.0))
+        .otherwise(pl.col("score"))
+        .alias("score"),
+        pl.col("workflow").fill_null(""),
+    )
+    scored = out.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
+    bad = scored.filter((pl.col("score") < 0.0) | (pl.col("score") > 1.0))
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise ValueError(
+            f"{bad.height} score(s) outside [0, 1], e.g. {r['score']} at "
+            f"(iteration={r['iteration']}, query_id={r['query_id']!r}, sample_idx={r['sample_idx']})"
+        )
+    return out.sort(["iteration", "query_id", "sample_idx"])
+
+
+def _by_query(df: pl.DataFrame) -> Iterable[tuple[tuple[int, str], list[dict[str, Any]]]]:
+    rows = df.sort(["iteration", "query_id", "sample_idx"]).iter_rows(named=True)
+    for key, grp in itertools.groupby(rows, key=lambda r: (r["iteration"], r["query_id"])):
+        yield key, list(grp)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Executor errors
+# --------------------------------------------------------------------------------------------------------------
+
+
+def exclude_executor_errors(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split off rows with status `executor_error`. Returns (kept rows, dropped rows with reason)."""
+    is_exec = pl.col("status") == Status.EXECUTOR_ERROR.value
+    dropped = (
+        df.filter(is_exec)
+        .select(["iteration", "query_id", "sample_idx", "status", "score"])
+        .with_columns(pl.lit(REASON_EXECUTOR_ERROR).alias("reason"))
+    )
+    return df.filter(~is_exec), dropped.cast(DROPPED_ROWS_SCHEMA)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. Near-duplicates
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _strip_docstrings(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                body.pop(0)
+                if not body and not isinstance(node, ast.Module):
+                    body.append(ast.Pass())
+
+
+_WS = re.compile(r"\s+")
+_COMMENT = re.compile(r"#[^\n]*")
+
+
+def normalize_code(code: str) -> str:
+    """Canonical text of a workflow, so that cosmetic differences do not make two workflows look different.
+
+    Code that parses (after dedenting) is round-tripped through the AST: comments and docstrings (a string
+    literal that is the first statement of a module, class or function) disappear, whitespace and layout become
+    canonical, every string literal is written with `repr` quoting (so "x" and 'x' are equal) and redundant
+    parentheses vanish. String literals that are not docstrings (operator instructions, prompts) are kept: they
+    are part of what a workflow does.
+
+    Code that does not parse (format_error / invalid rows) gets a crude fallback: everything from '#' to the end
+    of a line is removed (also inside strings), double quotes become single quotes, and whitespace runs collapse
+    to one space.
+    """
+    if not code or not code.strip():
+        return ""
+    try:
+        import textwrap
+
+        tree = ast.parse(textwrap.dedent(code))
+    except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
+        text = _COMMENT.sub("", code).replace('"', "'")
+        return _WS.sub(" ", text).strip()
+    _strip_docstrings(tree)
+    return ast.unparse(tree)
+
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _tokens(normalised: str) -> list[str]:
+    return _TOKEN.findall(normalised)
+
+
+def code_similarity(a: str, b: str, *, normalized: bool = False) -> float:
+    """Similarity in [0, 1] of two workflows: difflib's ratio 2·M/(|A|+|B|) over token sequences.
+
+    Tokens are identifier/number runs (`\\w+`) and single punctuation characters of the normalised code
+    (`normalize_code`, skipped when `normalized=True`); `SequenceMatcher` runs with `autojunk=False` (its junk
+    heuristic would ignore the most common tokens of any code longer than 200 tokens). Token level rather than
+    character level: faster, and a renamed variable counts as one change, not as many. Two empty codes score 0
+    (nothing to compare: a format error with no code is not a duplicate of another).
+    """
+    na = a if normalized else normalize_code(a)
+    nb = b if normalized else normalize_code(b)
+    return _token_similarity(_tokens(na), _tokens(nb))
+
+
+def _token_similarity(ta: list[str], tb: list[str], threshold: float | None = None) -> float:
+    if not ta or not tb:
+        return 0.0
+    sm = difflib.SequenceMatcher(None, ta, tb, autojunk=False)
+    if threshold is not None:
+        # cheap upper bounds first; a pair that cannot reach the threshold is not worth the full ratio
+        if sm.real_quick_ratio() < threshold or sm.quick_ratio() < threshold:
+            return 0.0
+    return sm.ratio()
+
+
+def filter_near_duplicates(df: pl.DataFrame, tau_sim: float) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Drop near-duplicate workflows within each query. Returns (kept rows, dropped rows with reason).
+
+    Greedy in ascending sample_idx: a row is compared with the rows already kept for its query (lowest
+    sample_idx first) and is dropped with reason "near_duplicate_of:<idx>" for the first kept row whose
+    similarity (`code_similarity`) is >= tau_sim; it is never compared with dropped rows. So the lowest
+    sample_idx of a cluster survives, whatever the row order of the input. Rows with empty code are never
+    duplicates. Run it after `exclude_executor_errors`, so an infrastructure failure cannot shadow a workflow.
+    """
+    if not (0.0 < tau_sim <= 1.0):
+        raise ValueError(f"tau_sim={tau_sim} must satisfy 0 < tau_sim <= 1")
+    drop: list[dict[str, Any]] = []
+    drop_keys: set[tuple[int, str, int]] = set()
+    for (it, qid), rows in _by_query(df):
+        kept: list[tuple[int, list[str]]] = []
+        for r in rows:
+            toks = _tokens(normalize_code(r["workflow"]))
+            dup_of = None
+            if toks:
+                for idx, ktoks in kept:
+                    if _token_similarity(toks, ktoks, threshold=tau_sim) >= tau_sim:
+                        dup_of = idx
+                        break
+            if dup_of is None:
+                kept.append((r["sample_idx"], toks))
+            else:
+                drop_keys.add((it, qid, r["sample_idx"]))
+                drop.append(
+                    {
+                        "iteration": it,
+                        "query_id": qid,
+                        "sample_idx": r["sample_idx"],
+                        "status": r["status"],
+                        "score": r["score"],
+                        "reason": f"{REASON_NEAR_DUPLICATE}:{dup_of}",
+                    }
+                )
+    dropped = _columns(drop, DROPPED_ROWS_SCHEMA)
+    if not drop:
+        return df, dropped
+    keys = dropped.select(["iteration", "query_id", "sample_idx"])
+    return df.join(keys, on=["iteration", "query_id", "sample_idx"], how="anti", maintain_order="left"), dropped
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. Groups
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _query_seed(seed: int, iteration: int, query_id: str) -> int:
+    h = hashlib.sha256(f"{seed}\x1f{iteration}\x1f{query_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big")
+
+
+def _unrank_combination(rank: int, m: int, n: int) -> tuple[int, ...]:
+    """The rank-th (0-based) n-subset of range(m) in lexicographic order."""
+    out: list[int] = []
+    x = 0
+    for k in range(n, 0, -1):
+        while True:
+            c = math.comb(m - x - 1, k - 1)  # subsets whose next element is x
+            if rank < c:
+                break
+            rank -= c
+            x += 1
+        out.append(x)
+        x += 1
+    return tuple(out)
+
+
+def _choose_groups(m: int, n: int, g_max: int, rng_seed: int) -> list[tuple[int, ...]]:
+    total = math.comb(m, n)
+    if total <= g_max:
+        return list(itertools.combinations(range(m), n))
+    ranks = sorted(random.Random(rng_seed).sample(range(total), g_max))  # distinct, uniform; works for huge totals
+    return [_unrank_combination(r, m, n) for r in ranks]
+
+
+def form_groups(
+    df: pl.DataFrame, n: int, g_max: int, seed: int = 0
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Groups of n workflows per query. Returns (groups, dropped groups).
+
+    The m' usable rows of a query are ordered by sample_idx. When C(m', n) <= g_max every n-subset becomes a
+    group (lexicographic order); otherwise g_max distinct subsets are drawn uniformly without replacement by
+    `random.Random` seeded from sha256(seed, iteration, query_id), so the same seed gives the same groups,
+    independent of row order and of the other queries. group_id is "<iteration>:<query_id>#<k>", k = position
+    of the group in that (lexicographic) list. A query with m' < n gives one dropped-group row with reason
+    "too_few_workflows" (group_id null, members = its usable rows).
+    """
+    if n < 1 or g_max < 1:
+        raise ValueError(f"n={n} and g_max={g_max} must be >= 1")
+    groups: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for (it, qid), rows in _by_query(df):
+        idxs = [r["sample_idx"] for r in rows]
+        scores = [float(r["score"]) for r in rows]
+        if len(rows) < n:
+            dropped.append(
+                {
+                    "iteration": it,
+                    "query_id": qid,
+                    "group_id": None,
+                    "members": idxs,
+                    "score_std": None,
+                    "reason": REASON_TOO_FEW,
+                }
+            )
+            continue
+        for k, combo in enumerate(_choose_groups(len(rows), n, g_max, _query_seed(seed, it, qid))):
+            groups.append(
+                {
+                    "iteration": it,
+                    "query_id": qid,
+                    "group_id": f"{it}:{qid}#{k}",
+                    "members": [idxs[j] for j in combo],
+                    "scores": [scores[j] for j in combo],
+                }
+            )
+    return _columns(groups, GROUPS_SCHEMA), _columns(dropped, DROPPED_GROUPS_SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. Screening
+# --------------------------------------------------------------------------------------------------------------
+
+
+def group_std(scores: Sequence[float], ddof: int = 0) -> float:
+    """Std of a group's scores: sqrt(Σ(s − mean)² / (k − ddof)); exactly 0.0 when all scores are equal."""
+    k = len(scores)
+    if k == 0:
+        raise ValueError("std of an empty group")
+    if min(scores) == max(scores):
+        return 0.0
+    if k - ddof <= 0:
+        raise ValueError(f"std with ddof={ddof} needs more than {ddof} score(s)")
+    mean = math.fsum(scores) / k
+    return math.sqrt(math.fsum((s - mean) ** 2 for s in scores) / (k - ddof))
+
+
+def screen_groups(
+    groups: pl.DataFrame, tau_std: float, ddof: int = 0
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Keep groups whose score std (`group_std`, population by default) is >= tau_std.
+
+    Returns (kept groups with score_mean and score_std, dropped groups with reason "low_score_std").
+    """
+    if tau_std < 0:
+        raise ValueError(f"tau_std={tau_std} must be >= 0")
+    means = [math.fsum(s) / len(s) for s in groups["scores"].to_list()]
+    stds = [group_std(s, ddof) for s in groups["scores"].to_list()]
+    scored = groups.with_columns(
+        pl.Series("score_mean", means, dtype=pl.Float64()),
+        pl.Series("score_std", stds, dtype=pl.Float64()),
+    )
+    keep = pl.col("score_std") >= tau_std
+    dropped = (
+        scored.filter(~keep)
+        .select(["iteration", "query_id", "group_id", "members", "score_std"])
+        .with_columns(pl.lit(REASON_LOW_STD).alias("reason"))
+    )
+    return scored.filter(keep).cast(SCREENED_SCHEMA), dropped.cast(DROPPED_GROUPS_SCHEMA)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. Sharpening
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _sharpen(members: Sequence[int], scores: Sequence[float], t: int) -> tuple[list[int], list[int]]:
+    pairs = list(zip(members, scores))
+    top = sorted(pairs, key=lambda p: (-p[1], p[0]))[:t]
+    top_set = {p[0] for p in top}
+    bottom = sorted((p for p in pairs if p[0] not in top_set), key=lambda p: (p[1], p[0]))[:t]
+    return [p[0] for p in top], [p[0] for p in bottom]
+
+
+def sharpen_groups(
+    groups: pl.DataFrame, t: int, *, dedup: bool = False
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Top-t and bottom-t of each group. Returns (one row per member, dropped groups).
+
+    Order and ties: the top half is the first t of (score desc, sample_idx asc); the bottom half is the first t
+    of (score asc, sample_idx asc) among the remaining members, so the halves are disjoint. `rank` numbers the
+    members 0..2t−1: top half best first, then bottom half worst first.
+    With `dedup=True`, a group whose set of 2t members equals that of an earlier group (by group order) of the
+    same query is dropped with reason "duplicate_of_group:<group_id>".
+    """
+    if t < 1:
+        raise ValueError(f"t={t} must be >= 1")
+    rows: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    seen: dict[tuple[int, str, frozenset[int]], str] = {}
+    for g in groups.iter_rows(named=True):
+        members, scores = g["members"], g["scores"]
+        if len(members) < 2 * t:
+            raise ValueError(
+                f"group {g['group_id']} has {len(members)} members, fewer than 2t={2 * t}; set n >= 2t"
+            )
+        top, bottom = _sharpen(members, scores, t)
+        if dedup:
+            key = (g["iteration"], g["query_id"], frozenset(top + bottom))
+            if key in seen:
+                dropped.append(
+                    {
+                        "iteration": g["iteration"],
+                        "query_id": g["query_id"],
+                        "group_id": g["group_id"],
+                        "members": members,
+                        "score_std": g.get("score_std"),
+                        "reason": f"{REASON_DUPLICATE_GROUP}:{seen[key]}",
+                    }
+                )
+                continue
+            seen[key] = g["group_id"]
+        score_of = dict(zip(members, scores))
+        for rank, (idx, role) in enumerate([(i, "top") for i in top] + [(i, "bottom") for i in bottom]):
+            rows.append(
+                {
+                    "iteration": g["iteration"],
+                    "query_id": g["query_id"],
+                    "group_id": g["group_id"],
+                    "sample_idx": idx,
+                    "score": score_of[idx],
+                    "role": role,
+                    "rank": rank,
+                }
+            )
+    return _columns(rows, MEMBERS_SCHEMA), _columns(dropped, DROPPED_GROUPS_SCHEMA)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 7. Advantages
+# --------------------------------------------------------------------------------------------------------------
+
+
+def compute_advantages(members: pl.DataFrame, eps: float = 1e-4, ddof: int = 0) -> pl.DataFrame:
+    """Add group_mean, group_std and advantage Â = (s − mean_g)/(std_g + ε), per group_id.
+
+    A group whose std is 0 (possible only with tau_std = 0) gets advantage 0 for every member, also when ε = 0.
+    """
+    if eps < 0:
+        raise ValueError(f"eps={eps} must be >= 0")
+    if members.height == 0:
+        return _frame(None, ADVANTAGE_SCHEMA)
+    stats: dict[str, tuple[float, float]] = {}
+    for gid, scores in (
+        members.group_by("group_id", maintain_order=True).agg(pl.col("score")).iter_rows()
+    ):
+        stats[gid] = (math.fsum(scores) / len(scores), group_std(scores, ddof))
+    gids = members["group_id"].to_list()
+    mean = [stats[g][0] for g in gids]
+    std = [stats[g][1] for g in gids]
+    adv = [
+        0.0 if sd == 0.0 else (s - mu) / (sd + eps)
+        for s, mu, sd in zip(members["score"].to_list(), mean, std)
+    ]
+    return members.with_columns(
+        pl.Series("group_mean", mean, dtype=pl.Float64()),
+        pl.Series("group_std", std, dtype=pl.Float64()),
+        pl.Series("advantage", adv, dtype=pl.Float64()),
+    ).cast(ADVANTAGE_SCHEMA)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Whole pipeline
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CurationResult:
+    """What `curate` hands to the pipeline; every frame has a fixed schema, also when empty.
+
+    members         one row per sharpened member (the training rows): iteration, query_id, group_id, sample_idx,
+                    score, role, rank, group_mean, group_std, advantage. Join with the input on
+                    (iteration, query_id, sample_idx) for the workflow text.
+    groups          one row per kept group: iteration, query_id, group_id, members (n sample_idx), scores,
+                    score_mean, score_std (of the n-group, as screened), top and bottom (sample_idx lists).
+    dropped_rows    iteration, query_id, sample_idx, status, score, reason.
+    dropped_groups  iteration, query_id, group_id, members, score_std, reason.
+    summary         counts (see `summarize`).
+    """
+
+    members: pl.DataFrame
+    groups: pl.DataFrame
+    dropped_rows: pl.DataFrame
+    dropped_groups: pl.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _reason_kind(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def summarize(
+    samples: pl.DataFrame,
+    usable: pl.DataFrame,
+    groups_formed: int,
+    result_groups: pl.DataFrame,
+    members: pl.DataFrame,
+    dropped_rows: pl.DataFrame,
+    dropped_groups: pl.DataFrame,
+) -> dict[str, Any]:
+    """Counts for metadata. Reasons are counted by kind (the part before ':'), e.g. "near_duplicate_of"."""
+    q = ["iteration", "query_id"]
+    return {
+        "rows_in": samples.height,
+        "rows_usable": usable.height,
+        "queries_in": samples.select(q).unique().height,
+        "queries_with_groups": result_groups.select(q).unique().height,
+        "groups_formed": groups_formed,
+        "groups_kept": result_groups.height,
+        "member_rows": members.height,
+        "dropped_rows": dict(sorted(Counter(_reason_kind(r) for r in dropped_rows["reason"].to_list()).items())),
+        "dropped_groups": dict(
+            sorted(Counter(_reason_kind(r) for r in dropped_groups["reason"].to_list()).items())
+        ),
+    }
+
+
+def curate(samples: pl.DataFrame, cfg: CurationConfig) -> CurationResult:
+    """Validate → exclude executor errors → drop near-duplicates → group → screen → sharpen → advantages."""
+    df = validate_samples(samples)
+    kept, dropped_exec = exclude_executor_errors(df)
+    kept, dropped_dup = filter_near_duplicates(kept, cfg.tau_sim)
+    groups, dropped_few = form_groups(kept, cfg.n, cfg.g_max, cfg.seed)
+    screened, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)
+    members, dropped_dupg = sharpen_groups(screened, cfg.t, dedup=cfg.dedup_sharpened_groups)
+    members = compute_advantages(members, cfg.adv_eps, cfg.std_ddof)
+
+    if dropped_dupg.height:
+        screened = screened.join(dropped_dupg.select("group_id"), on="group_id", how="anti", maintain_order="left")
+    halves = members.group_by("group_id", maintain_order=True).agg(
+        pl.col("sample_idx").filter(pl.col("role") == "top").alias("top"),
+        pl.col("sample_idx").filter(pl.col("role") == "bottom").alias("bottom"),
+    )
+    kept_groups = screened.join(halves, on="group_id", how="left", maintain_order="left")
+
+    dropped_rows = pl.concat([dropped_exec, dropped_dup]).sort(["iteration", "query_id", "sample_idx"])
+    dropped_groups = pl.concat([dropped_few, dropped_std, dropped_dupg])
+    summary = summarize(df, kept, groups.height, kept_groups, members, dropped_rows, dropped_groups)
+    return CurationResult(
+        members=members,
+        groups=kept_groups,
+        dropped_rows=dropped_rows,
+        dropped_groups=dropped_groups,
+        summary=summary,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ScoreFlow preference pairs (the `score_dpo` variant's data)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def sample_preference_pairs(
+    df: pl.DataFrame, n_pairs: int | None = None, power: float = 3.0, seed: int = 0
+) -> pl.DataFrame:
+    """ScoreFlow's pair data: per query, every pair of workflows with different scores (chosen = higher score);
+    then `n_pairs` draws **with replacement**, pooled over all queries, with probability ∝ (s_w − s_l)^power.
+
+    Input: usable rows (after `exclude_executor_errors` and, optionally, `filter_near_duplicates`). n_pairs None
+    = as many draws as candidate pairs (ScoreFlow fixes 2000, or 600 for HumanEval). Seeded
+    (`numpy.random.default_rng(seed)`, ScoreFlow sets no seed); candidates are enumerated in key order, so the
+    draws do not depend on row order. Output rows are in draw order.
+    """
+    if n_pairs is not None and n_pairs < 1:
+        raise ValueError(f"n_pairs={n_pairs} must be >= 1 or None")
+    if power < 0:
+        raise ValueError(f"power={power} must be >= 0")
+    cand: list[tuple[int, str, int, int, float, float]] = []
+    for (it, qid), rows in _by_query(df):
+        for a, b in itertools.combinations(rows, 2):
+            sa, sb = float(a["score"]), float(b["score"])
+            if sa == sb:
+                continue
+            w, l = (a, b) if sa > sb else (b, a)
+            cand.append((it, qid, w["sample_idx"], l["sample_idx"], float(w["score"]), float(l["score"])))
+    if not cand:
+        return _frame(None, PAIRS_SCHEMA)
+    weights = np.array([(c[4] - c[5]) ** power for c in cand], dtype=np.float64)
+    p = weights / weights.sum()
+    k = len(cand) if n_pairs is None else n_pairs
+    picks = np.random.default_rng(seed).choice(len(cand), size=k, replace=True, p=p)
+    rows_out = [cand[i] for i in picks.tolist()]
+    return _frame(
+        {
+            "draw": list(range(k)),
+            "iteration": [r[0] for r in rows_out],
+            "query_id": [r[1] for r in rows_out],
+            "chosen_idx": [r[2] for r in rows_out],
+            "rejected_idx": [r[3] for r in rows_out],
+            "chosen_score": [r[4] for r in rows_out],
+            "rejected_score": [r[5] for r in rows_out],
+        },
+        PAIRS_SCHEMA,
+    )
