@@ -211,9 +211,10 @@ def parse_workflow(text: str, family: str, *, completion: bool = False,
     if completion:
         if not text or not text.strip():
             raise WorkflowRejected(Status.FORMAT_ERROR, "empty generator output")
-        code = WORKFLOW_HEADER + "        " + text
-        if not code.endswith("\n"):
-            code += "\n"
+        lines = (WORKFLOW_HEADER + "        " + text).splitlines()
+        # A line back at column 0 (the next "# Task", another class) ends the workflow.
+        end = next((i for i, ln in enumerate(lines) if i >= 2 and ln.strip() and not ln[0].isspace()), len(lines))
+        code = "\n".join(lines[:end]).rstrip() + "\n"
     else:
         code = extract_code(text)
     code, repaired = _longest_parseable_prefix(code)

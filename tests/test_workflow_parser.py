@@ -1,0 +1,151 @@
+"""The parser/validator: what passes, what is rejected, and with which status and reason."""
+
+import pytest
+
+from spogw_dagster.types import Status
+from spogw_dagster.workflow.parser import WorkflowRejected, extract_code, parse_workflow, validate
+from spogw_dagster.workflow.template import FEW_SHOT, TEMPLATES, WORKFLOW_HEADER, generator_prompt
+
+HEADER = "class Workflow:\n    async def run(self):\n"
+
+
+def wf(body: str) -> str:
+    return HEADER + "".join("        " + line + "\n" for line in body.strip("\n").splitlines())
+
+
+@pytest.mark.parametrize("family", ["code", "math", "qa"])
+def test_templates_and_few_shot_examples_are_valid(family):
+    assert validate(TEMPLATES[family], family).operator_call_sites == 1
+    for body in FEW_SHOT[family]:
+        assert validate(WORKFLOW_HEADER + body, family).operator_call_sites >= 1
+
+
+def test_valid_workflow_with_loop_list_and_helper_method():
+    code = (
+        "class Workflow:\n"
+        "    async def helper(self, k):\n"
+        "        return await self.custom(instruction='Try ' + str(k))\n"
+        "    async def run(self):\n"
+        "        out = []\n"
+        "        for i in range(3):\n"
+        "            out.append(await self.helper(i))\n"
+        "        best = await self.sc_ensemble(solutions=out)\n"
+        "        if len(best) > 10:\n"
+        "            best = await self.review(solution=best)\n"
+        "        return best\n"
+    )
+    parsed = validate(code, "math")
+    assert parsed.operators_used == ("custom", "review", "sc_ensemble")
+    assert parsed.operator_call_sites == 3
+
+
+@pytest.mark.parametrize(
+    "body, family, reason",
+    [
+        ("import os\nreturn await self.custom(instruction='x')", "math", "import of 'os'"),
+        ("import subprocess\nreturn await self.custom(instruction='x')", "math", "import of 'subprocess'"),
+        ("from ctypes import CDLL\nreturn await self.custom(instruction='x')", "math", "import of 'ctypes'"),
+        ("x = ().__class__.__base__.__subclasses__()\nreturn await self.custom(instruction='x')", "math",
+         "attribute '__"),
+        ("b = __builtins__\nreturn await self.custom(instruction='x')", "math", "dunder name"),
+        ("f = open('/etc/passwd')\nreturn await self.custom(instruction='x')", "math", "name 'open'"),
+        ("e = eval('1')\nreturn await self.custom(instruction='x')", "math", "name 'eval'"),
+        ("g = getattr(self, 'custom')\nreturn await g(instruction='x')", "math", "name 'getattr'"),
+        ("s = '{0.__class__}'\nreturn await self.custom(instruction=s)", "math", "'__'"),
+        ("s = '{0.x}'.format(self)\nreturn await self.custom(instruction=s)", "math", "attribute 'format'"),
+        ("c = self.custom(instruction='x')\nf = c.cr_frame\nreturn await c", "math", "attribute 'cr_frame'"),
+        ("return await self.code_generate(instruction='x')", "math", "not offered for math"),
+        ("return await self.programmer(analysis='x')", "code", "not offered for code"),
+        ("return await self.custom(prompt='x')", "math", "unexpected argument 'prompt'"),
+        ("return await self.custom()", "math", "missing a required argument"),
+        ("return await self.sc_ensemble()", "qa", "missing a required argument"),
+        ("x = await self.custom(instruction='x')", "math", "never returns"),
+        ("return 'constant answer'", "math", "calls no operator"),
+        ("global x\nreturn await self.custom(instruction='x')", "math", "Global"),
+        ("return await self.nonexistent()", "math", "neither an offered operator"),
+    ],
+)
+def test_invalid_programs_are_rejected_with_a_reason(body, family, reason):
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(wf(body), family)
+    assert ei.value.status == Status.INVALID
+    assert reason in ei.value.reason
+
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        ("def run():\n    return 1\n", "exactly one top-level `class Workflow`"),
+        ("class Workflow:\n    def run(self):\n        return self.custom(instruction='x')\n", "async def run"),
+        ("class Workflow:\n    async def run(self, problem):\n        return await self.custom(instruction=problem)\n",
+         "only `self`"),
+        ("class Workflow(object):\n    async def run(self):\n        return await self.custom(instruction='x')\n",
+         "bases"),
+        (HEADER + "        return await self.custom(instruction='x')\nimport os\nos.system('id')\n",
+         "exactly one top-level"),
+        (HEADER + "        return await self.custom(instruction='x')\nprint('side effect at import')\n",
+         "exactly one top-level"),
+        ("class Workflow:\n    x = 1\n    async def run(self):\n        return await self.custom(instruction='x')\n",
+         "only methods"),
+    ],
+)
+def test_structure_rules(code, reason):
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(code, "math")
+    assert reason in ei.value.reason
+
+
+def test_size_and_call_count_limits():
+    many = "\n".join(f"a{i} = await self.custom(instruction='x')" for i in range(17)) + "\nreturn a0"
+    with pytest.raises(WorkflowRejected, match="17 operator call sites; the limit is 16"):
+        validate(wf(many), "math")
+    huge = wf("x = '" + "a" * 7000 + "'\nreturn await self.custom(instruction=x)")
+    with pytest.raises(WorkflowRejected, match="characters; the limit is 6000"):
+        validate(huge, "math")
+
+
+def test_math_import_is_allowed_but_nothing_else():
+    code = "import math\n" + wf("n = math.sqrt(4)\nreturn await self.custom(instruction=str(n))")
+    assert validate(code, "math").operators_used == ("custom",)
+
+
+def test_extract_code_from_fences_graph_tags_and_raw_text():
+    code = wf("return await self.custom(instruction='x')")
+    assert extract_code(f"Here you go:\n```python\n{code}```\nthanks") == code
+    assert extract_code(f"<graph>\n{code}</graph>") == code
+    assert extract_code(f"Sure.\n{code}") == code
+    with pytest.raises(WorkflowRejected) as ei:
+        extract_code("I cannot write a workflow.")
+    assert ei.value.status == Status.FORMAT_ERROR
+    with pytest.raises(WorkflowRejected) as ei:
+        extract_code("   ")
+    assert ei.value.status == Status.FORMAT_ERROR
+
+
+def test_completion_mode_reassembles_and_cuts_trailing_junk():
+    completion = "a = await self.custom(instruction='Solve.')\n        return a\n# Task: next\nclass Work"
+    parsed = parse_workflow(completion, "math", completion=True)
+    assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nreturn a")
+
+
+def test_completion_that_never_returns_is_invalid_and_empty_is_format_error():
+    with pytest.raises(WorkflowRejected) as ei:
+        parse_workflow("a = await self.custom(instruction='Solve.')\n", "math", completion=True)
+    assert ei.value.status == Status.INVALID
+    with pytest.raises(WorkflowRejected) as ei:
+        parse_workflow("", "math", completion=True)
+    assert ei.value.status == Status.FORMAT_ERROR
+
+
+def test_generator_prompt_ends_with_prefilled_header_and_hides_no_hidden_tests():
+    prompt = generator_prompt("code", "def f(x):\n    '''Return x.'''\n")
+    assert prompt.endswith(WORKFLOW_HEADER + "        ")
+    assert "self.code_generate" in prompt and "self.programmer" not in prompt
+    assert "# Task: def f(x): '''Return x.'''" in prompt
+
+
+def test_completion_with_broken_trailing_line_is_repaired():
+    completion = "a = await self.custom(instruction='Solve.')\n        return a\n        b = (\n"
+    parsed = parse_workflow(completion, "math", completion=True)
+    assert parsed.repaired is True
+    assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nreturn a")
