@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..executors.base import ExecutorError, MeteredExecutor
@@ -53,11 +54,13 @@ async def execute_workflow(
     limits: Limits = DEFAULT_LIMITS,
     validation: ValidationLimits = ValidationLimits(),
     validate_code: bool = True,
+    runner: Path | None = None,
 ) -> WorkflowRunResult:
     """Execute `code` (workflow source) on `problem` in the sandbox. Never raises for workflow faults.
 
     validate_code=False skips the AST allow-list so that tests can show the sandbox holds on its own
-    (the second wall); the pipeline always validates.
+    (the second wall); the pipeline always validates. `runner` replaces the child-side runner script
+    (tests use it to play a misbehaving child).
     """
     t0 = time.monotonic()
     if validate_code:
@@ -69,8 +72,9 @@ async def execute_workflow(
     metered = MeteredExecutor(executor)
     ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
                     operator_names(problem.family))
-    argv = [sys.executable, "-I", "-S", RUNNER_IN_SANDBOX if iso.kind != "none" else str(runner_path())]
-    sp = await spawn(iso, argv, limits, [(str(runner_path()), RUNNER_IN_SANDBOX)] if iso.kind == "bwrap" else [])
+    script = str(runner or runner_path())
+    argv = [sys.executable, "-I", "-S", RUNNER_IN_SANDBOX if iso.kind != "none" else script]
+    sp = await spawn(iso, argv, limits, [(script, RUNNER_IN_SANDBOX)] if iso.kind == "bwrap" else [])
     stderr = bytearray()
     status, answer, error = Status.RUNTIME_ERROR, "", ""
     executor_failed: str | None = None

@@ -1,0 +1,29 @@
+"""Test doubles for the executor LLM, used where a test checks our own logic around it (the RPC, the
+sandbox, accounting) and the model's words do not matter. Tests of real behaviour use the bundled model."""
+
+from __future__ import annotations
+
+from spogw_dagster.executors.base import ExecutorError
+from spogw_dagster.types import ChatResult, SamplingParams
+
+
+class ScriptedExecutor:
+    """Answers every call with `reply` (or replies[i] in turn); can fail from the `fail_from`-th call on."""
+
+    def __init__(self, reply: str = "The answer is \\boxed{42}", replies: list[str] | None = None,
+                 fail_from: int | None = None):
+        self.model = "scripted"
+        self.reply = reply
+        self.replies = list(replies or [])
+        self.fail_from = fail_from
+        self.calls: list[tuple[list[dict], SamplingParams]] = []
+
+    async def chat(self, messages, params):
+        self.calls.append((messages, params))
+        if self.fail_from is not None and len(self.calls) >= self.fail_from:
+            raise ExecutorError("scripted failure (HTTP 503)", status_code=503, attempts=3, retryable=True)
+        text = self.replies[(len(self.calls) - 1) % len(self.replies)] if self.replies else self.reply
+        return ChatResult(text=text, prompt_tokens=7, completion_tokens=3, latency_s=0.001, model=self.model)
+
+    async def aclose(self):
+        pass

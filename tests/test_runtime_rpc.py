@@ -1,0 +1,133 @@
+"""The parent<->sandbox protocol: operator calls travel over the child's stdin/stdout and back."""
+
+import json
+
+import pytest
+
+from spogw_dagster.isolation import Limits, detect_isolation, runner_path, spawn
+from spogw_dagster.types import Problem, Status
+from spogw_dagster.workflow.operators import OperatorConfig
+from spogw_dagster.workflow.runtime import execute_workflow
+from tests.fakes import ScriptedExecutor
+
+MATH = Problem("gsm8k", "q1", "What is 6 times 7?", answer="42", family="math")
+FAST = Limits(wall_s=20, cpu_s=10)
+
+
+@pytest.fixture(scope="module")
+def iso():
+    return detect_isolation()
+
+
+def wf(body: str) -> str:
+    return "class Workflow:\n    async def run(self):\n" + "".join(
+        "        " + line + "\n" for line in body.strip("\n").splitlines())
+
+
+async def test_operator_calls_round_trip_and_are_accounted(iso):
+    ex = ScriptedExecutor(replies=["first \\boxed{1}", "second \\boxed{2}", "third \\boxed{2}"])
+    code = wf("a = await self.custom(instruction='A')\n"
+              "b = await self.custom(instruction='B')\n"
+              "c = await self.custom('C')\n"
+              "return await self.sc_ensemble(solutions=[a, b, c])")
+    res = await execute_workflow(code, MATH, ex, iso, limits=FAST)
+    assert res.status == Status.OK, res.error
+    # majority vote on the boxed answers: 2 wins, the first solution carrying it is returned
+    assert res.answer == "second \\boxed{2}"
+    assert res.operator_calls == 4
+    assert res.usage.llm_calls == 3 and res.usage.prompt_tokens == 21 and res.usage.completion_tokens == 9
+    assert res.isolation == iso.kind
+    # the query text reached the executor (the workflow itself never saw it); instructions came first
+    users = [m[-1]["content"] for m, _ in ex.calls]
+    assert users[0].startswith("A\n\nWhat is 6 times 7?") and users[2].startswith("C\n\n")
+
+
+async def test_each_call_gets_its_own_seed_and_reruns_repeat_them(iso):
+    ex = ScriptedExecutor()
+    code = wf("a = await self.custom(instruction='x')\nb = await self.custom(instruction='x')\nreturn a + b")
+    await execute_workflow(code, MATH, ex, iso, limits=FAST, seed=5)
+    await execute_workflow(code, MATH, ex, iso, limits=FAST, seed=5)
+    seeds = [p.seed for _, p in ex.calls]
+    assert seeds[0] != seeds[1]  # identical calls in one run must not collapse into one cached answer
+    assert seeds[:2] == seeds[2:]  # a rerun asks for exactly the same calls (cache hits)
+
+
+async def test_bad_operator_arguments_become_exceptions_inside_the_workflow(iso):
+    code = wf("try:\n    await self.sc_ensemble(solutions=[])\nexcept OperatorError:\n    pass\n"
+              "return await self.custom(instruction='ok')")
+    res = await execute_workflow(code, MATH, ScriptedExecutor(reply="fine"), iso, limits=FAST)
+    assert res.status == Status.OK and res.answer == "fine"
+
+
+async def test_uncaught_workflow_exception_is_runtime_error(iso):
+    res = await execute_workflow(wf("x = await self.custom(instruction='x')\nreturn x[10**6]"), MATH,
+                                 ScriptedExecutor(), iso, limits=FAST)
+    assert res.status == Status.RUNTIME_ERROR and "IndexError" in res.error
+
+
+async def test_executor_failure_is_executor_error_even_if_the_workflow_catches_it(iso):
+    code = wf("try:\n    a = await self.custom(instruction='x')\nexcept Exception:\n    a = 'swallowed'\nreturn a")
+    res = await execute_workflow(code, MATH, ScriptedExecutor(fail_from=1), iso, limits=FAST)
+    assert res.status == Status.EXECUTOR_ERROR
+    assert "503" in res.error
+
+
+async def test_operator_call_budget_stops_a_runaway_loop(iso):
+    code = wf("while True:\n    await self.custom(instruction='x')\nreturn 'never'")
+    ex = ScriptedExecutor()
+    res = await execute_workflow(code, MATH, ex, iso, limits=FAST, op_cfg=OperatorConfig(max_operator_calls=5))
+    assert res.status == Status.RUNTIME_ERROR and "more than 5 operator calls" in res.error
+    assert len(ex.calls) == 5
+
+
+async def test_returning_none_is_runtime_error(iso):
+    res = await execute_workflow(wf("x = await self.custom(instruction='x')\nreturn None"), MATH,
+                                 ScriptedExecutor(), iso, limits=FAST)
+    assert res.status == Status.RUNTIME_ERROR and "returned None" in res.error
+
+
+FORGERS = {
+    "garbage": "import sys\nsys.stdin.readline()\nprint('not json', flush=True)\n",
+    "huge_line": "import sys\nsys.stdin.readline()\nsys.stdout.write('x' * 5_000_000)\nsys.stdout.flush()\n",
+    "unknown_type": "import sys, json\nsys.stdin.readline()\nprint(json.dumps({'type': 'shell', 'cmd': 'id'}), flush=True)\n",
+    "non_string_result": "import sys, json\nsys.stdin.readline()\nprint(json.dumps({'type': 'result', 'answer': [1]}), flush=True)\n",
+    "silent_exit": "import sys\nsys.stdin.readline()\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERS))
+async def test_a_misbehaving_child_cannot_forge_a_result(iso, tmp_path, name):
+    script = tmp_path / "runner.py"
+    script.write_text(FORGERS[name])
+    script.chmod(0o644)
+    tmp_path.chmod(0o755)
+    res = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH, ScriptedExecutor(), iso,
+                                 limits=FAST, runner=script)
+    expected = Status.RUNTIME_ERROR if name == "silent_exit" else Status.SANDBOX_VIOLATION
+    assert res.status == expected, res.error
+    assert res.answer == ""
+
+
+async def test_unknown_operator_request_is_refused_not_executed(iso, tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(
+        "import sys, json\nsys.stdin.readline()\n"
+        "print(json.dumps({'type': 'call', 'id': 1, 'op': 'code_generate', 'args': ['x'], 'kwargs': {}}), flush=True)\n"
+        "reply = json.loads(sys.stdin.readline())\n"
+        "print(json.dumps({'type': 'result', 'answer': json.dumps(reply)}), flush=True)\n")
+    script.chmod(0o644)
+    tmp_path.chmod(0o755)
+    ex = ScriptedExecutor()
+    res = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH, ex, iso, limits=FAST,
+                                 runner=script)
+    reply = json.loads(res.answer)
+    assert reply["ok"] is False and "not offered" in reply["error"]
+    assert ex.calls == []  # a math query offers no code_generate: nothing reached the executor
+
+
+async def test_runner_writes_only_json_lines_to_the_protocol_channel(iso, tmp_path):
+    """The workflow's prints never reach the protocol channel (fd 1 is /dev/null inside the runner)."""
+    code = wf("for i in range(1000):\n    print('{\"type\": \"result\", \"answer\": \"forged\"}')\n"
+              "return await self.custom(instruction='x')")
+    res = await execute_workflow(code, MATH, ScriptedExecutor(reply="real"), iso, limits=FAST)
+    assert res.status == Status.OK and res.answer == "real"
