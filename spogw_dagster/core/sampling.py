@@ -1,0 +1,489 @@
+"""Generator sampling backends: transformers on the CPU (default) and vLLM with LoRA on a GPU.
+
+Both return, for each prompt, ``n`` `SampleResult`s with the sampled token ids and the log-prob of each
+sampled token.
+
+**Log-prob convention** (see `spogw_dagster.core.logprobs`): ``logprobs[t] = log softmax(logits_t / T)
+[token_t]`` with T the sampling temperature, before top-p truncation; T = 1 for greedy decoding
+(temperature 0). With ``top_p = 1`` (the default) this is the exact log-prob of the distribution the
+token was drawn from, and it is what the trainer computes for π_old/π_θ at the same temperature
+(`TrainConfig.temperature`), so the values can serve as π_old directly.
+
+Text and tokens follow vLLM's conventions: ``text`` is decoded without special tokens and cut before the
+first stop string (the stop string is not included); ``token_ids`` and ``logprobs`` hold every sampled
+token up to and including the one that ended the sample (the EOS token, or the token that completed a
+stop string), so training on them teaches the model to stop. ``finish_reason`` is ``"stop"`` (EOS or a
+stop string) or ``"length"`` (max_tokens reached).
+
+Prompts are plain text (apply a chat template beforehand if you want one); they are tokenized with the
+tokenizer's default special tokens. Empty prompts are rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from spogw_dagster.types import SamplingParams
+
+__all__ = [
+    "SampleResult",
+    "SamplingParams",
+    "TransformersSampler",
+    "VLLMSampler",
+    "make_sampler",
+    "GPU_EXTRA_HINT",
+]
+
+GPU_EXTRA_HINT = "pip install spogw-dagster[gpu]"
+
+
+@dataclass
+class SampleResult:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]  # one per token in token_ids (see the module docstring for the convention)
+    prompt_token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    stop_reason: str | int | None = None  # the stop string, the EOS token id, or None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cumulative_logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "prompt_token_ids": list(self.prompt_token_ids),
+            "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
+        }
+
+
+def _params(params: SamplingParams | None, overrides: dict[str, Any]) -> SamplingParams:
+    base = params or SamplingParams()
+    if overrides:
+        d = base.to_dict()
+        d.update(overrides)
+        d["stop"] = tuple(d.get("stop") or ())
+        base = SamplingParams(**d)
+    if base.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {base.temperature}")
+    if not (0 < base.top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {base.top_p}")
+    if base.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {base.max_tokens}")
+    if any(not s for s in base.stop):
+        raise ValueError("stop strings must be non-empty")
+    return base
+
+
+def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
+    best, which = None, None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best):
+            best, which = i, s
+    return (text, None) if best is None else (text[:best], which)
+
+
+def _derive_seed(*parts: Any) -> int:
+    h = hashlib.sha256(json.dumps(parts, default=str).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# transformers
+
+
+def _make_logprob_recorder(temperature: float, top_p: float):
+    import torch
+    from transformers import LogitsProcessor, TopPLogitsWarper
+
+    class LogprobRecorder(LogitsProcessor):
+        """The only logits processor in the chain: applies temperature (and top-p), records log-probs.
+
+        At step t it receives the token sampled at step t-1 as ``input_ids[:, -1]`` and gathers its
+        log-prob from the distribution it stored at step t-1, so only one [B, V] tensor is kept.
+        """
+
+        def __init__(self) -> None:
+            self.prev: torch.Tensor | None = None
+            self.steps: list[torch.Tensor] = []
+            self.top_p = TopPLogitsWarper(top_p=top_p) if top_p < 1.0 else None
+
+        def _gather_prev(self, tokens: torch.Tensor) -> None:
+            if self.prev is not None:
+                self.steps.append(self.prev.gather(1, tokens.view(-1, 1)).squeeze(1))
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            self._gather_prev(input_ids[:, -1])
+            s = scores.float()
+            if temperature > 0:
+                s = s / temperature
+            self.prev = torch.log_softmax(s, dim=-1)
+            if self.top_p is not None and temperature > 0:
+                s = self.top_p(input_ids, s)
+            return s
+
+        def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+            """[B, steps] log-probs once generation is over."""
+            self._gather_prev(last_tokens)
+            self.prev = None
+            if not self.steps:
+                return torch.zeros((last_tokens.shape[0], 0))
+            return torch.stack(self.steps, dim=1)
+
+    return LogprobRecorder()
+
+
+def _make_stop_criteria(tokenizer, stops: Sequence[str], prompt_len: int, batch: int):
+    import torch
+    from transformers import StoppingCriteria
+
+    window = max(len(s) for s in stops) + 8
+
+    class StopOnStrings(StoppingCriteria):
+        """Stops a row once its *generated* text (never the prompt) contains a stop string.
+
+        Decodes only the last `window` generated tokens of each row per step, enough to cover any stop
+        string that was just completed. Records the generated length at which each row stopped.
+        """
+
+        def __init__(self) -> None:
+            self.stopped_at: list[int | None] = [None] * batch
+
+        def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+            gen_len = input_ids.shape[1] - prompt_len
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            tails = input_ids[:, max(prompt_len, input_ids.shape[1] - window) :].tolist()
+            for i, tail in enumerate(tails):
+                if self.stopped_at[i] is not None:
+                    done[i] = True
+                    continue
+                text = tokenizer.decode(tail, skip_special_tokens=True)
+                if any(s in text for s in stops):
+                    self.stopped_at[i] = gen_len
+                    done[i] = True
+            return done
+
+    return StopOnStrings()
+
+
+class TransformersSampler:
+    """Batched sampling with `transformers.generate` (CPU or one GPU), optionally through a LoRA adapter.
+
+    Rows (prompt × n) are sorted by prompt length and cut into batches of `batch_size`; each batch is
+    left-padded and seeded with a seed derived from (seed, batch index), so the same prompts, params,
+    seed and batch size give the same samples.
+    """
+
+    logprobs_convention = "log_softmax(logits / T) of the sampled token, before top-p; T = 1 when greedy"
+
+    def __init__(
+        self,
+        model_spec: str | os.PathLike[str] = "smollm2",
+        adapter_path: str | os.PathLike[str] | None = None,
+        batch_size: int = 8,
+        seed: int = 0,
+        dtype: str = "float32",
+        device: str = "auto",
+        model=None,
+        tokenizer=None,
+    ) -> None:
+        import torch
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.model_spec = str(model_spec)
+        self.adapter_path = str(adapter_path) if adapter_path is not None else None
+        if model is None:
+            from spogw_dagster.models import load_model_and_tokenizer
+
+            model, tok = load_model_and_tokenizer(model_spec, dtype=dtype, adapter_path=adapter_path)
+            tokenizer = tokenizer or tok
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with a preloaded model")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids: set[int] = set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+    # -- public API --------------------------------------------------------------------------------
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise ValueError("empty prompt: a prompt needs at least one token")
+        return list(ids)
+
+    def generate(
+        self, prompts: Sequence[str], params: SamplingParams | None = None, n: int = 1, **overrides: Any
+    ) -> list[list[SampleResult]]:
+        """``n`` samples for each prompt: ``result[i][j]`` is sample j of prompt i."""
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings, not one string")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        p = _params(params, overrides)
+        seed = self.seed if p.seed is None else int(p.seed)
+        encoded = [self.encode(x) for x in prompts]
+        rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        rows.sort(key=lambda r: -len(encoded[r[0]]))  # stable: similar lengths share a batch
+        out: list[list[SampleResult | None]] = [[None] * n for _ in prompts]
+        for b, s in enumerate(range(0, len(rows), self.batch_size)):
+            chunk = rows[s : s + self.batch_size]
+            res = self._generate_batch([encoded[i] for i, _ in chunk], p, _derive_seed(seed, b))
+            for (i, j), r in zip(chunk, res):
+                out[i][j] = r
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.model = None
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _generate_batch(self, prompt_ids: list[list[int]], p: SamplingParams, seed: int) -> list[SampleResult]:
+        import torch
+
+        B = len(prompt_ids)
+        P = max(len(x) for x in prompt_ids)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((B, P), pad, dtype=torch.long)
+        att = torch.zeros((B, P), dtype=torch.long)
+        for i, x in enumerate(prompt_ids):
+            ids[i, P - len(x) :] = torch.as_tensor(x)
+            att[i, P - len(x) :] = 1
+        ids, att = ids.to(self.device), att.to(self.device)
+
+        greedy = p.temperature == 0
+        recorder = _make_logprob_recorder(p.temperature, p.top_p)
+        stopper = _make_stop_criteria(self.tokenizer, p.stop, P, B) if p.stop else None
+        kwargs: dict[str, Any] = dict(
+            input_ids=ids,
+            attention_mask=att,
+            max_new_tokens=p.max_tokens,
+            do_sample=not greedy,
+            # Our recorder applies temperature and top-p itself; neutralise the built-in processors
+            # (including defaults a model's generation_config may carry) so it is the only one.
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            bad_words_ids=None,
+            suppress_tokens=None,
+            begin_suppress_tokens=None,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            num_beams=1,
+            logits_processor=[recorder],
+            pad_token_id=pad,
+            eos_token_id=sorted(self.eos_ids),
+            return_dict_in_generate=False,
+        )
+        if not greedy:
+            kwargs.update(temperature=1.0, top_k=0, top_p=1.0, min_p=None, typical_p=1.0)
+        if stopper is not None:
+            kwargs["stopping_criteria"] = [stopper]
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            seq = self.model.generate(**kwargs)
+        gen = seq[:, P:].cpu()
+        lps = recorder.finish(seq[:, -1]).cpu()
+        if lps.shape[1] != gen.shape[1]:  # defensive: the recorder must see every generated column
+            raise RuntimeError(f"recorded {lps.shape[1]} log-prob steps for {gen.shape[1]} generated tokens")
+
+        results = []
+        for i in range(B):
+            toks = gen[i].tolist()
+            end, reason, stop_reason = len(toks), "length", None
+            for k, t in enumerate(toks):
+                if t in self.eos_ids:
+                    end, reason, stop_reason = k + 1, "stop", t
+                    break
+            if stopper is not None and stopper.stopped_at[i] is not None and stopper.stopped_at[i] <= end:
+                end, reason = stopper.stopped_at[i], "stop"
+            toks = toks[:end]
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            text, which = _cut_at_stop(text, p.stop)
+            if which is not None:
+                reason, stop_reason = "stop", which
+            results.append(
+                SampleResult(
+                    text=text,
+                    token_ids=toks,
+                    logprobs=[float(v) for v in lps[i, :end].tolist()],
+                    prompt_token_ids=list(prompt_ids[i]),
+                    finish_reason=reason,
+                    stop_reason=stop_reason,
+                )
+            )
+        return results
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM
+
+
+def _vllm_lora_rank(adapter_path: str) -> int:
+    cfg = json.loads((Path(adapter_path) / "adapter_config.json").read_text())
+    r = int(cfg.get("r", 8))
+    # vLLM accepts a fixed menu of max_lora_rank values; take the smallest one that fits.
+    for cand in (8, 16, 32, 64, 128, 256, 320, 512):
+        if r <= cand:
+            return cand
+    return r
+
+
+class VLLMSampler:
+    """Sampling with `vllm.LLM` (GPU), the adapter applied per request with `LoRARequest` (no merge).
+
+    Needs the optional extra: ``pip install spogw-dagster[gpu]``. Each prompt gets its own sampling
+    seed derived from (seed, prompt index), so results do not depend on how vLLM batches requests.
+    Log-probs: ``SamplingParams(logprobs=0)`` returns exactly the sampled token's log-prob; the engine
+    runs with ``logprobs_mode="processed_logprobs"`` (after temperature), matching our convention
+    when top_p = 1. (With top_p < 1 vLLM reports log-probs renormalised over the nucleus; the trainer
+    then recomputes π_old, its default.) On a vLLM without `logprobs_mode` (< 0.10.2) the values are
+    at T = 1; `self.logprobs_at_temperature` says which one you got.
+    """
+
+    logprobs_convention = TransformersSampler.logprobs_convention
+
+    def __init__(
+        self,
+        model_spec: str | os.PathLike[str] = "smollm2",
+        adapter_path: str | os.PathLike[str] | None = None,
+        batch_size: int | None = None,
+        seed: int = 0,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        try:
+            import vllm  # noqa: F401
+            from vllm import LLM
+        except ImportError as e:  # pragma: no cover - exercised only without the extra
+            raise ImportError(f"the vLLM sampler needs vllm, which is not installed; fix: {GPU_EXTRA_HINT}") from e
+        from spogw_dagster.models import check_adapter_folder, load_tokenizer, resolve_model
+
+        folder = resolve_model(model_spec)
+        self.seed = int(seed)
+        self.adapter_path = str(check_adapter_folder(adapter_path)) if adapter_path is not None else None
+        self.tokenizer = load_tokenizer(folder)
+        kw: dict[str, Any] = dict(
+            model=str(folder),
+            tokenizer=str(folder),
+            seed=self.seed,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_lora=self.adapter_path is not None,
+        )
+        if max_model_len is not None:
+            kw["max_model_len"] = max_model_len
+        if batch_size is not None:
+            kw["max_num_seqs"] = int(batch_size)
+        if self.adapter_path is not None:
+            kw["max_lora_rank"] = _vllm_lora_rank(self.adapter_path)
+            kw["max_loras"] = 1
+        kw.update(llm_kwargs)
+        self.logprobs_at_temperature = True
+        try:
+            self.llm = LLM(logprobs_mode="processed_logprobs", **kw)
+        except TypeError:  # older vLLM: no logprobs_mode, log-probs are raw (T = 1)
+            self.llm = LLM(**kw)
+            self.logprobs_at_temperature = False
+        self._lora = None
+        if self.adapter_path is not None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("spogw_adapter", 1, self.adapter_path)
+
+    def generate(
+        self, prompts: Sequence[str], params: SamplingParams | None = None, n: int = 1, **overrides: Any
+    ) -> list[list[SampleResult]]:
+        from vllm import SamplingParams as VSamplingParams
+
+        if isinstance(prompts, str):
+            raise TypeError("prompts must be a list of strings, not one string")
+        p = _params(params, overrides)
+        seed = self.seed if p.seed is None else int(p.seed)
+        encoded = []
+        for x in prompts:
+            ids = list(self.tokenizer(x)["input_ids"])
+            if not ids:
+                raise ValueError("empty prompt: a prompt needs at least one token")
+            encoded.append(ids)
+        sps = [
+            VSamplingParams(
+                n=n,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                max_tokens=p.max_tokens,
+                stop=list(p.stop) or None,
+                seed=_derive_seed(seed, i),
+                logprobs=0,  # the sampled token's log-prob only
+            )
+            for i in range(len(encoded))
+        ]
+        reqs = [{"prompt_token_ids": ids} for ids in encoded]
+        outs = self.llm.generate(reqs, sps, lora_request=self._lora, use_tqdm=False)
+        results: list[list[SampleResult]] = []
+        for ids, ro in zip(encoded, outs):
+            row = []
+            for co in ro.outputs:
+                toks = list(co.token_ids)
+                lps: list[float] = []
+                for t, step in zip(toks, co.logprobs or []):
+                    lp = step[t].logprob if t in step else float("nan")
+                    lps.append(float(lp))
+                if len(lps) != len(toks) or any(math.isnan(v) for v in lps):
+                    raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+                reason = "length" if co.finish_reason == "length" else "stop"
+                row.append(
+                    SampleResult(
+                        text=co.text,
+                        token_ids=toks,
+                        logprobs=lps,
+                        prompt_token_ids=list(ro.prompt_token_ids or ids),
+                        finish_reason=reason,
+                        stop_reason=co.stop_reason,
+                    )
+                )
+            results.append(row)
+        return results
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def make_sampler(kind: str = "transformers", **kwargs: Any):
+    """``"transformers"`` (CPU default), ``"vllm"`` (GPU), or ``"auto"`` (vLLM when importable and a GPU
+    is present, else transformers)."""
+    k = kind.lower()
+    if k == "auto":
+        import importlib.util
+
+        import torch
+
+        k = "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "transformers"
+    if k in ("transformers", "hf", "cpu"):
+        return TransformersSampler(**kwargs)
+    if k == "vllm":
+        return VLLMSampler(**kwargs)
+    raise ValueError(f"unknown sampler kind {kind!r}; fix: use 'transformers', 'vllm' or 'auto'")

@@ -1,0 +1,725 @@
+"""Offline LoRA trainer for the generator (ioGRPO + mKL and the baseline objectives), transformers + peft.
+
+One call trains one iteration: ``train_lora(examples, cfg, output_dir, base_model, previous_adapter)``.
+
+Policies (DESIGN §2), with π_{k−1} = base + previous adapter (the base model when there is none):
+
+* **π_old** is the policy that produced the data, π_{k−1}. ``cfg.old_logprobs="recompute"`` (default)
+  computes it before training, under ``no_grad`` and in eval mode, with the previous adapter loaded as a
+  second, frozen adapter — so it is right even when ``init="restart"`` starts the trainable adapter from
+  scratch. ``"data"`` takes the per-token log-probs recorded by the sampler (`TrainExample.old_logprobs`,
+  which then need `completion_token_ids` so that tokens line up); they follow the same convention (see
+  `core.logprobs`), provided the sampler's temperature equals ``cfg.temperature``.
+* **π_ref** is ``"base"`` (adapters disabled) or ``"previous"`` (π_{k−1}). Both are precomputed before the
+  first step in the same pass as π_old (for "previous" it *is* π_old's numbers when those are recomputed),
+  so a training step is one forward + backward of the trainable policy and no second model or adapter is
+  kept in memory. The reference is only computed when the objective needs it (β > 0, or score_dpo).
+* **π_θ** is the trainable adapter: ``init="continue"`` starts from a copy of the previous adapter (its
+  rank, alpha and target modules must match the config), ``"restart"`` from a fresh LoRA (B = 0, so the
+  start equals the base model).
+
+All log-probs are ``log softmax(logits / cfg.temperature)`` of the completion tokens; prompt tokens are
+context only. The loss is `core.objectives.compute_loss(cfg.objective, ...)`.
+
+Output: a standard PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
+``peft`` and by vLLM ``--enable-lora``) plus ``training_stats.json`` (config, hashes, per-step stats,
+summary). It is written into a temporary sibling folder and renamed into place, so a crash never leaves a
+half-written adapter. If `output_dir` already holds a finished run with the same ``run_hash`` (config,
+data, base model, previous adapter) that run is returned instead of training again.
+
+Determinism: the fresh LoRA initialisation, the data order (per epoch) and dropout are seeded from
+``cfg.seed``; on the CPU the same seed and data give bit-identical adapter tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from spogw_dagster.core.config import OBJECTIVE_NAMES, ConfigError, ObjectiveConfig
+
+__all__ = [
+    "TrainConfig",
+    "TrainExample",
+    "TrainResult",
+    "train_lora",
+    "score_examples",
+    "ADAPTER_FILES",
+    "STATS_FILE",
+]
+
+STATS_FILE = "training_stats.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# Objectives whose loss needs π_old (the clipped ratio), and the reference for which β applies.
+_NEEDS_OLD = {"spogw", "grpo", "grpo_nokl"}
+
+
+# --------------------------------------------------------------------------------------------------
+# config and data
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of one LoRA training run. Validated on construction (`ConfigError`).
+
+    LoRA:       lora_r, lora_alpha, lora_dropout, target_modules.
+    Optimizer:  AdamW(learning_rate, weight_decay, adam_betas, adam_eps); lr_scheduler "constant" |
+                "linear" | "cosine" with warmup_steps; max_grad_norm (clip; None = no clipping, the norm is
+                still logged).
+    Schedule:   epochs over the dataset; batch_size rows per micro-batch; grad_accum micro-batches per
+                optimizer step (a smaller last step at the end of an epoch is still taken).
+    Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps and the
+                score_dpo / rwr knobs — see `core.config.ObjectiveConfig`.
+    Policies:   ref_mode "base" | "previous"; init "continue" | "restart"; old_logprobs "recompute" | "data";
+                temperature (must equal the sampling temperature; 1.0 for greedy data).
+    Misc:       seed; eval_after (one more no-grad pass: per-example mean log-prob before/after training in
+                the stats, and its change for positive- and negative-advantage rows); max_completion_tokens (truncate longer completions; None = keep all);
+                dtype ("float32" on the CPU); device ("auto" = cuda when available).
+    """
+
+    # LoRA
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    # optimizer
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    # schedule
+    epochs: int = 1
+    batch_size: int = 4
+    grad_accum: int = 1
+    # objective
+    objective: str = "spogw"
+    beta: float = 0.1
+    clip_eps: float = 0.2
+    dpo_beta: float = 0.1
+    dpo_pair_power: float = 3.0
+    dpo_num_pairs: int | None = None
+    rwr_temperature: float = 0.4
+    rwr_normalize_weights: bool = False
+    # policies
+    ref_mode: str = "base"
+    init: str = "continue"
+    old_logprobs: str = "recompute"
+    temperature: float = 1.0
+    # misc
+    seed: int = 0
+    eval_after: bool = True
+    max_completion_tokens: int | None = None
+    dtype: str = "float32"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        c = "TrainConfig"
+        self.target_modules = tuple(self.target_modules)
+        self.adam_betas = tuple(float(b) for b in self.adam_betas)  # type: ignore[assignment]
+
+        def req_int(name: str, lo: int) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ConfigError(f"{c}.{name}={v!r}: must be an integer >= {lo}.")
+
+        def req_real(name: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+            if ok:
+                ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+            if not ok:
+                lb = "(" if lo_open else "["
+                rb = ")" if hi_open else "]"
+                raise ConfigError(f"{c}.{name}={v!r}: must be a number in {lb}{lo}, {hi}{rb}.")
+
+        req_int("lora_r", 1)
+        req_real("lora_alpha", 0, math.inf, lo_open=True)
+        req_real("lora_dropout", 0.0, 1.0, hi_open=True)
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ConfigError(f"{c}.target_modules={self.target_modules!r}: give at least one module name, e.g. ('q_proj', 'v_proj').")
+        req_real("learning_rate", 0.0, 1.0, lo_open=True)
+        req_real("weight_decay", 0.0, 1.0)
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"{c}.adam_betas={self.adam_betas!r}: two numbers in [0, 1).")
+        req_real("adam_eps", 0.0, 1.0, lo_open=True)
+        if self.lr_scheduler not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"{c}.lr_scheduler={self.lr_scheduler!r}: choose 'constant', 'linear' or 'cosine'.")
+        req_int("warmup_steps", 0)
+        if self.max_grad_norm is not None:
+            req_real("max_grad_norm", 0.0, math.inf, lo_open=True)
+        req_int("epochs", 1)
+        req_int("batch_size", 1)
+        req_int("grad_accum", 1)
+        if self.ref_mode not in ("base", "previous"):
+            raise ConfigError(f"{c}.ref_mode={self.ref_mode!r}: choose 'base' (adapter disabled) or 'previous' (π_k−1).")
+        if self.init not in ("continue", "restart"):
+            raise ConfigError(f"{c}.init={self.init!r}: choose 'continue' (from the previous adapter) or 'restart' (fresh LoRA).")
+        if self.old_logprobs not in ("recompute", "data"):
+            raise ConfigError(f"{c}.old_logprobs={self.old_logprobs!r}: choose 'recompute' or 'data'.")
+        req_real("temperature", 0.0, math.inf, lo_open=True)
+        if not isinstance(self.eval_after, bool):
+            raise ConfigError(f"{c}.eval_after={self.eval_after!r}: must be True or False.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"{c}.seed={self.seed!r}: must be an integer.")
+        if self.max_completion_tokens is not None:
+            req_int("max_completion_tokens", 1)
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16' or 'float16'.")
+        if self.objective not in OBJECTIVE_NAMES:
+            raise ConfigError(f"{c}.objective={self.objective!r}: choose one of {list(OBJECTIVE_NAMES)}.")
+        self.objective_config()  # validates beta, clip_eps and the DPO/RWR knobs
+
+    def objective_config(self) -> ObjectiveConfig:
+        return ObjectiveConfig(
+            name=self.objective,
+            beta=float(self.beta),
+            clip_eps=float(self.clip_eps),
+            dpo_beta=float(self.dpo_beta),
+            dpo_pair_power=float(self.dpo_pair_power),
+            dpo_num_pairs=self.dpo_num_pairs,
+            rwr_temperature=float(self.rwr_temperature),
+            rwr_normalize_weights=bool(self.rwr_normalize_weights),
+            seed=int(self.seed),
+        )
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.objective == "score_dpo" or (self.objective in ("spogw", "grpo") and self.beta > 0)
+
+    @property
+    def needs_old(self) -> bool:
+        return self.objective in _NEEDS_OLD
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["target_modules"] = list(self.target_modules)
+        d["adam_betas"] = list(self.adam_betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; valid fields are {sorted(names)}.")
+        return cls(**dict(data))
+
+
+@dataclass
+class TrainExample:
+    """One training response. Token ids, when given, are used as is (exactly what was sampled); otherwise
+    the prompt is tokenized like the sampler does and the completion without special tokens."""
+
+    prompt: str
+    completion: str
+    advantage: float = 0.0
+    score: float | None = None
+    old_logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    group_id: str | int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TrainExample":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def canonical(self) -> dict[str, Any]:
+        def lst(x):
+            return None if x is None else [float(v) if isinstance(v, float) else v for v in list(x)]
+
+        return {
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "advantage": float(self.advantage),
+            "score": None if self.score is None else float(self.score),
+            "old_logprobs": lst(self.old_logprobs),
+            "prompt_token_ids": lst(self.prompt_token_ids),
+            "completion_token_ids": lst(self.completion_token_ids),
+            "group_id": self.group_id,
+        }
+
+
+@dataclass
+class TrainResult:
+    adapter_dir: Path
+    stats: dict[str, Any]
+    reused: bool = False
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.stats.get("steps", [])
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _file_sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 22), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def data_hash(examples: Sequence[TrainExample]) -> str:
+    return _sha([e.canonical() for e in examples])
+
+
+def _model_identity(folder: Path) -> dict[str, Any]:
+    """What identifies the base model in the run hash: the GGUF's sha256 for a converted model, else the
+    folder's config.json and its weight files' names and sizes (hashing GBs of weights every run is not worth it)."""
+    marker = folder / "spogw_conversion.json"
+    if marker.is_file():
+        m = json.loads(marker.read_text())
+        return {"gguf_sha256": m.get("gguf_sha256")}
+    weights = sorted((p.name, p.stat().st_size) for p in folder.glob("*.safetensors"))
+    return {"config_sha256": _file_sha(folder / "config.json"), "weights": weights}
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+@dataclass
+class _Item:
+    idx: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float
+    score: float | None
+    group: Any
+    old: list[float] | None = None
+    ref: list[float] | None = None
+    final: list[float] | None = None
+
+
+def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_Item]:
+    items = []
+    for i, e in enumerate(examples):
+        if e.prompt_token_ids is not None:
+            p = [int(t) for t in e.prompt_token_ids]
+        else:
+            p = list(tok(e.prompt)["input_ids"])
+        if e.completion_token_ids is not None:
+            c = [int(t) for t in e.completion_token_ids]
+        else:
+            c = list(tok(e.completion, add_special_tokens=False)["input_ids"])
+        if not p:
+            raise ValueError(f"example {i}: the prompt has no tokens; every response needs a non-empty prompt")
+        if not c:
+            raise ValueError(f"example {i}: the completion has no tokens; drop empty responses before training")
+        if not math.isfinite(float(e.advantage)):
+            raise ValueError(f"example {i}: advantage {e.advantage!r} is not finite")
+        old = None
+        if cfg.needs_old and cfg.old_logprobs == "data":
+            if e.old_logprobs is None:
+                raise ValueError(
+                    f"example {i} has no old_logprobs but TrainConfig.old_logprobs='data'; fix: record the "
+                    "sampler's logprobs, or set old_logprobs='recompute'"
+                )
+            if e.completion_token_ids is None:
+                raise ValueError(
+                    f"example {i}: old_logprobs from data need completion_token_ids (re-tokenizing the text "
+                    "may not give the sampled tokens); fix: pass the sampler's token_ids, or recompute"
+                )
+            if len(e.old_logprobs) != len(c):
+                raise ValueError(
+                    f"example {i}: {len(e.old_logprobs)} old_logprobs for {len(c)} completion tokens"
+                )
+            old = [float(v) for v in e.old_logprobs]
+        if cfg.objective in ("score_dpo", "rwr"):
+            if e.score is None or not math.isfinite(float(e.score)):
+                raise ValueError(f"example {i}: objective {cfg.objective!r} needs a finite score")
+        if cfg.max_completion_tokens is not None and len(c) > cfg.max_completion_tokens:
+            c = c[: cfg.max_completion_tokens]
+            old = old[: cfg.max_completion_tokens] if old is not None else None
+        items.append(
+            _Item(i, p, c, float(e.advantage), None if e.score is None else float(e.score), e.group_id, old)
+        )
+    return items
+
+
+def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Item]]:
+    """Micro-batches for one epoch, in a seeded order. score_dpo keeps each group in one micro-batch
+    (its pairs are drawn inside a group); a group larger than batch_size is a micro-batch of its own."""
+    import torch
+
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+    if cfg.objective != "score_dpo":
+        order = torch.randperm(len(items), generator=g).tolist()
+        rows = [items[i] for i in order]
+        return [rows[s : s + cfg.batch_size] for s in range(0, len(rows), cfg.batch_size)]
+    groups: dict[Any, list[_Item]] = {}
+    for it in items:
+        groups.setdefault(it.group if it.group is not None else "__all__", []).append(it)
+    keys = list(groups)
+    out: list[list[_Item]] = []
+    cur: list[_Item] = []
+    for k in (keys[i] for i in torch.randperm(len(keys), generator=g).tolist()):
+        grp = groups[k]
+        if cur and len(cur) + len(grp) > cfg.batch_size:
+            out.append(cur)
+            cur = []
+        cur = cur + grp
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _group_ids(mb: Sequence[_Item]):
+    """Stable small ints for the batch's group ids (Python's str hash is salted per process)."""
+    import torch
+
+    seen: dict[str, int] = {}
+    return torch.tensor([seen.setdefault(repr(x.group), len(seen)) for x in mb], dtype=torch.long)
+
+
+def _pad_lists(rows: Sequence[Sequence[float]], width: int):
+    import torch
+
+    t = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        t[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.float32)
+    return t
+
+
+def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / (cfg.warmup_steps + 1)
+        if cfg.lr_scheduler == "constant":
+            return 1.0
+        span = max(1, total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if cfg.lr_scheduler == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device, attr: str, disable_adapter: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
+
+    ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
+    bs = max(cfg.batch_size, 1)
+    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids) + len(items[i].completion_ids))
+    with torch.no_grad(), ctx:
+        for s in range(0, len(order), bs):
+            chunk = [items[i] for i in order[s : s + bs]]
+            b = build_completion_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id)
+            lp = completion_logprobs(model, b.to(device), cfg.temperature).float().cpu()
+            for j, x in enumerate(chunk):
+                setattr(x, attr, lp[j, : len(x.completion_ids)].tolist())
+
+
+def _lora_config(cfg: TrainConfig):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def _check_previous_matches(prev: Path, cfg: TrainConfig) -> None:
+    pc = json.loads((prev / "adapter_config.json").read_text())
+    theirs = (int(pc.get("r", -1)), float(pc.get("lora_alpha", -1)), sorted(pc.get("target_modules") or []))
+    ours = (cfg.lora_r, float(cfg.lora_alpha), sorted(cfg.target_modules))
+    if theirs != ours:
+        raise ConfigError(
+            f"init='continue' needs the previous adapter's LoRA shape; it has (r, alpha, target_modules)={theirs}, "
+            f"the config {ours}; fix: set the config to match, or init='restart'"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+def train_lora(
+    examples: Sequence[TrainExample | Mapping[str, Any]],
+    cfg: TrainConfig | None = None,
+    output_dir: str | os.PathLike[str] = "adapter",
+    base_model: str | os.PathLike[str] = "smollm2",
+    previous_adapter: str | os.PathLike[str] | None = None,
+    reuse_existing: bool = True,
+    log: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`."""
+    import torch
+
+    from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
+    from spogw_dagster.core.objectives import LossBatch, compute_loss
+    from spogw_dagster.models import check_adapter_folder, load_model_and_tokenizer, resolve_model
+
+    cfg = cfg or TrainConfig()
+    exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
+    if not exs:
+        raise ValueError("no training examples; fix: check that curation kept at least one group")
+    out = Path(output_dir).expanduser().resolve()
+    folder = resolve_model(base_model)
+    prev = check_adapter_folder(previous_adapter) if previous_adapter is not None else None
+    if prev is not None and cfg.init == "continue":
+        _check_previous_matches(prev, cfg)
+
+    hashes = {
+        "config": _sha(cfg.to_dict()),
+        "data": data_hash(exs),
+        "base_model": _sha(_model_identity(folder)),
+        "previous_adapter": _file_sha(prev / "adapter_model.safetensors") if prev is not None else None,
+    }
+    run_hash = _sha(hashes)
+    if reuse_existing and (out / STATS_FILE).is_file() and all((out / f).is_file() for f in ADAPTER_FILES):
+        try:
+            old_stats = json.loads((out / STATS_FILE).read_text())
+        except ValueError:
+            old_stats = {}
+        if old_stats.get("run_hash") == run_hash:
+            return TrainResult(out, old_stats, reused=True)
+
+    t_start = time.perf_counter()
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if cfg.device == "auto" else cfg.device))
+    torch.manual_seed(cfg.seed)
+    model, tok = load_model_and_tokenizer(folder, dtype=cfg.dtype)
+    model.to(device)
+    pad_id = tok.pad_token_id
+    items = _tokenize(exs, tok, cfg)
+
+    # ---- π_old and π_ref, precomputed under no_grad with the data-producing policy ---------------
+    t0 = time.perf_counter()
+    from peft import PeftModel, get_peft_model
+
+    if prev is not None:
+        model = PeftModel.from_pretrained(model, str(prev), adapter_name="previous", is_trainable=False)
+        model.to(device)
+    model.eval()
+    need_old = cfg.needs_old and cfg.old_logprobs == "recompute"
+    if need_old:  # π_old = π_k−1: the previous adapter active (or the plain base model)
+        _precompute(model, items, pad_id, cfg, device, "old", disable_adapter=False)
+    if cfg.needs_ref:
+        if cfg.ref_mode == "previous" or prev is None:  # π_ref = π_k−1 (without a previous adapter: the base)
+            if need_old:
+                for it in items:
+                    it.ref = it.old
+            else:
+                _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=False)
+        else:  # π_ref = base: the previous adapter disabled
+            _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=True)
+    if cfg.needs_ref and any(it.ref is None for it in items):  # pragma: no cover - internal consistency
+        raise RuntimeError("reference log-probs missing after precompute")
+    precompute_s = time.perf_counter() - t0
+
+    # ---- the trainable adapter ----------------------------------------------------------------------
+    if prev is not None:
+        if cfg.init == "continue":
+            model.load_adapter(str(prev), adapter_name="default", is_trainable=True)
+        else:
+            torch.manual_seed(cfg.seed)
+            model.add_adapter("default", _lora_config(cfg))
+        model.set_adapter("default")
+        model.delete_adapter("previous")
+    else:
+        torch.manual_seed(cfg.seed)
+        model = get_peft_model(model, _lora_config(cfg))
+    model.to(device)
+    params = []
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_" in n)
+        if p.requires_grad:
+            params.append(p)
+    if not params:  # pragma: no cover
+        raise RuntimeError("no trainable LoRA parameters; check target_modules against the model's module names")
+    n_trainable = sum(p.numel() for p in params)
+
+    opt = torch.optim.AdamW(
+        params, lr=cfg.learning_rate, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+    )
+    epoch_batches = [_batches(items, cfg, e) for e in range(cfg.epochs)]
+    steps_per_epoch = [math.ceil(len(b) / cfg.grad_accum) for b in epoch_batches]
+    total_steps = sum(steps_per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total_steps))
+    ocfg = cfg.objective_config()
+
+    torch.manual_seed(cfg.seed)
+    model.train()
+    step_stats: list[dict[str, Any]] = []
+    total_tokens = 0
+    t_train = time.perf_counter()
+    step = 0
+    for epoch, batches in enumerate(epoch_batches):
+        for s in range(0, len(batches), cfg.grad_accum):
+            group = batches[s : s + cfg.grad_accum]
+            rows_in_step = sum(len(b) for b in group)
+            ts = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            acc: dict[str, float] = {}
+            tokens = 0
+            for mb in group:
+                cb = build_completion_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id)
+                cb = cb.to(device)
+                logp = completion_logprobs(model, cb, cfg.temperature).float()
+                C = cb.completion_len
+                lb = LossBatch(
+                    logp=logp,
+                    mask=cb.completion_mask,
+                    old_logp=_pad_lists([x.old for x in mb], C).to(device) if cfg.needs_old else None,
+                    ref_logp=_pad_lists([x.ref for x in mb], C).to(device) if cfg.needs_ref else None,
+                    advantages=torch.tensor([x.advantage for x in mb], dtype=torch.float32, device=device),
+                    scores=torch.tensor([x.score if x.score is not None else 0.0 for x in mb],
+                                        dtype=torch.float32, device=device),
+                    group_ids=_group_ids(mb),
+                )
+                res = compute_loss(cfg.objective, lb, ocfg)
+                w = len(mb) / rows_in_step
+                (res.loss * w).backward()
+                for k, v in res.metrics().items():
+                    acc[k] = acc.get(k, 0.0) + w * float(v)
+                tokens += int(cb.completion_mask.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+            )
+            lr = sched.get_last_lr()[0]
+            opt.step()
+            sched.step()
+            total_tokens += tokens
+            st = {
+                "step": step,
+                "epoch": epoch,
+                "rows": rows_in_step,
+                "tokens": tokens,
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                **{k: round(v, 8) for k, v in acc.items()},
+                "seconds": round(time.perf_counter() - ts, 4),
+            }
+            step_stats.append(st)
+            if log is not None:
+                log(st)
+            step += 1
+    train_s = time.perf_counter() - t_train
+
+    # ---- how the log-probs moved ------------------------------------------------------------------
+    model.eval()
+    per_example: list[dict[str, Any]] = []
+    moved: dict[str, Any] = {}
+    if cfg.eval_after:
+        _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False)
+        for it in items:
+            start = it.old if it.old is not None else it.ref
+            per_example.append(
+                {
+                    "index": it.idx,
+                    "advantage": it.advantage,
+                    "tokens": len(it.completion_ids),
+                    "mean_logp_before": (sum(start) / len(start)) if start is not None else None,
+                    "mean_logp_after": sum(it.final) / len(it.final),
+                }
+            )
+        for name, sel in (("positive", lambda a: a > 0), ("negative", lambda a: a < 0)):
+            rows = [r for r in per_example if sel(r["advantage"]) and r["mean_logp_before"] is not None]
+            if rows:
+                moved[f"delta_mean_logp_{name}"] = round(
+                    sum(r["mean_logp_after"] - r["mean_logp_before"] for r in rows) / len(rows), 6
+                )
+
+    # ---- save atomically ----------------------------------------------------------------------------
+    stats = {
+        "run_hash": run_hash,
+        "hashes": hashes,
+        "config": cfg.to_dict(),
+        "base_model": str(folder),
+        "previous_adapter": str(prev) if prev is not None else None,
+        "n_examples": len(items),
+        "n_trainable_params": n_trainable,
+        "steps": step_stats,
+        "summary": {
+            "optimizer_steps": step,
+            "completion_tokens_trained": total_tokens,
+            "precompute_seconds": round(precompute_s, 3),
+            "train_seconds": round(train_s, 3),
+            "total_seconds": round(time.perf_counter() - t_start, 3),
+            "train_tokens_per_second": round(total_tokens / train_s, 2) if train_s > 0 else None,
+            "first_loss": step_stats[0].get("loss") if step_stats else None,
+            "last_loss": step_stats[-1].get("loss") if step_stats else None,
+            "device": str(device),
+            **moved,
+        },
+        "examples": per_example,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        cfg_path = tmp / "adapter_config.json"
+        acfg = json.loads(cfg_path.read_text())
+        acfg["base_model_name_or_path"] = str(folder)
+        cfg_path.write_text(json.dumps(acfg, indent=2, sort_keys=True))
+        missing = [f for f in ADAPTER_FILES if not (tmp / f).is_file()]
+        if missing:  # pragma: no cover
+            raise RuntimeError(f"peft did not write {missing}")
+        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        if out.exists():
+            trash = out.parent / f".trash-{out.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(out, trash)
+            os.rename(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return TrainResult(out, stats)
+
+
+def score_examples(
+    examples: Sequence[TrainExample | Mapping[str, Any]],
+    base_model: str | os.PathLike[str] = "smollm2",
+    adapter_path: str | os.PathLike[str] | None = None,
+    temperature: float = 1.0,
+    batch_size: int = 8,
+    model=None,
+    tokenizer=None,
+) -> list[list[float]]:
+    """Teacher-forced per-token log-probs of each example's completion under base (+ adapter).
+
+    Tokenizes exactly like the trainer. Pass a preloaded `model`/`tokenizer` to avoid reloading.
+    """
+    from spogw_dagster.core.logprobs import score_completions
+    from spogw_dagster.models import load_model_and_tokenizer
+
+    if model is None:
+        model, tokenizer = load_model_and_tokenizer(base_model, adapter_path=adapter_path)
+    exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
+    items = _tokenize(exs, tokenizer, TrainConfig(objective="grpo_nokl"))
+    return score_completions(
+        model,
+        [x.prompt_ids for x in items],
+        [x.completion_ids for x in items],
+        tokenizer.pad_token_id,
+        temperature=temperature,
+        batch_size=batch_size,
+    )
