@@ -205,6 +205,7 @@ class FakeOpenAIServer:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+    disable_nagle_algorithm = True  # headers and body go out in separate writes: avoid 40 ms delayed-ACK stalls
     fake: FakeOpenAIServer
 
     def log_message(self, format: str, *args: Any) -> None:  # silence
