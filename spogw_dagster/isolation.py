@@ -329,20 +329,29 @@ async def run_code(program: str, iso: Isolation, limits: Limits | None = None) -
     except (BrokenPipeError, ConnectionResetError):
         pass
     cap = limits.max_output_bytes
-    readers = asyncio.gather(_read_capped(sp.proc.stdout, cap, out), _read_capped(sp.proc.stderr, cap, err))
+    readers = {asyncio.create_task(_read_capped(sp.proc.stdout, cap, out)),
+               asyncio.create_task(_read_capped(sp.proc.stderr, cap, err))}
     status, error = Status.OK, ""
     try:
-        over = await asyncio.wait_for(readers, limits.wall_s)
-        if any(over):
-            status, error = Status.RUNTIME_ERROR, f"output limit of {cap} bytes exceeded"
-            sp.kill()
-        await asyncio.wait_for(sp.proc.wait(), max(1.0, limits.wall_s - (time.monotonic() - t0)))
+        pending = readers
+        while pending:
+            left = limits.wall_s - (time.monotonic() - t0)
+            done, pending = await asyncio.wait(pending, timeout=max(left, 0), return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                status, error = Status.TIMEOUT, f"wall-clock limit of {limits.wall_s}s exceeded"
+                break
+            if any(t.result() for t in done):  # a flood: stop it now rather than at the wall clock
+                status, error = Status.RUNTIME_ERROR, f"output limit of {cap} bytes exceeded"
+                break
+        if status == Status.OK:
+            await asyncio.wait_for(sp.proc.wait(), max(1.0, limits.wall_s - (time.monotonic() - t0)))
     except asyncio.TimeoutError:
         status, error = Status.TIMEOUT, f"wall-clock limit of {limits.wall_s}s exceeded"
-        sp.kill()
-        readers.cancel()
     finally:
+        for t in readers:
+            t.cancel()
         await sp.close()
+        await asyncio.gather(*readers, return_exceptions=True)
     rc = sp.proc.returncode
     if status == Status.OK:
         by_signal = signal_status(rc)
