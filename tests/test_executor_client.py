@@ -301,3 +301,17 @@ async def test_metered_executor_sums_per_run(server):
     await run_a.aclose()  # does not close the shared executor
     await shared.chat(MSGS, SamplingParams())
     await shared.aclose()
+
+
+async def test_cancellation_propagates_and_is_not_retried(server):
+    server.default = slow(2.0)
+    exe = make(server, timeout_s=5.0)
+    metered = MeteredExecutor(exe)
+    task = asyncio.create_task(metered.chat(MSGS, SamplingParams()))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await exe.aclose()
+    assert server.request_count == 1 and exe.retries == 0
+    assert metered.failed_calls == 0 and metered.usage.llm_calls == 0
