@@ -1,0 +1,307 @@
+"""Code benchmarks: getting code out of a model's text, building the test programs, scoring by running them.
+
+The programs built here are plain Python scripts; running them is the job of an injected `run_code`
+(the sandbox, `spogw_dagster/isolation.py`), an async callable `(program: str) -> result` whose result
+has `.status` (a `Status` or its value), `.returncode`, `.stdout`, `.stderr`.
+
+A hidden-test program prints a pass token (derived from the program's text) after the last check; a
+program that passes must exit 0 *and* print it. So a solution that calls `sys.exit(0)` / `os._exit(0)`
+while being imported, before any test ran, does not pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from ..types import Problem, Status
+
+PUBLIC_RESULT_PREFIX = "@@spogw-public-test "
+
+RunCode = Callable[[str], Awaitable[Any]]
+
+
+class ScoringInfrastructureError(RuntimeError):
+    """The scoring machinery itself failed (not the solution): never turned into a score."""
+
+
+@dataclass(frozen=True)
+class ScoreDetail:
+    """One score in [0, 1] with a short human-readable detail (extracted answer or failure reason)."""
+
+    score: float
+    detail: str = ""
+    extracted: str = ""  # the answer/code that was compared or run (truncated for code)
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.score <= 1.0):
+            raise ValueError(f"score must be in [0, 1], got {self.score}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# extraction
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PY_LANGS = {"", "python", "py", "python3", "py3"}
+_CODE_START = re.compile(r"^(?:def |async def |class |import |from \S+ import |@)", re.M)
+_MAX_TRIM_LINES = 200
+
+
+def _fenced_blocks(text: str) -> list[str]:
+    return [body for lang, body in _FENCE_RE.findall(text) if lang.lower() in _PY_LANGS]
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name for n in tree.body
+    )
+
+
+def _parse_prefix(src: str) -> tuple[str, ast.Module] | None:
+    """The longest prefix of `src` (by whole lines, dropping at most _MAX_TRIM_LINES) that parses."""
+    lines = src.splitlines()
+    for cut in range(len(lines), max(len(lines) - _MAX_TRIM_LINES, 0), -1):
+        chunk = "\n".join(lines[:cut])
+        try:
+            return chunk, ast.parse(chunk)
+        except (SyntaxError, ValueError):
+            continue
+    return None
+
+
+def _referenced_names(nodes: list[ast.stmt]) -> set[str]:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _keep_definitions(src: str, tree: ast.Module) -> str:
+    """Top-level imports, functions and classes, plus module-level assignments they use; test calls,
+    prints and `if __name__ == "__main__":` blocks are dropped."""
+    lines = src.splitlines()
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    used = _referenced_names(defs)
+    keep: list[ast.stmt] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            keep.append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if names & used:
+                keep.append(node)
+    chunks = []
+    for node in keep:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        chunks.append("\n".join(lines[first - 1 : node.end_lineno]))
+    return "\n\n".join(chunks).strip()
+
+
+def extract_code(text: str, entry_point: str = "") -> str:
+    """Python code from a model's answer: markdown fences or raw text; "" when none is found.
+
+    From fenced blocks (```python / ```py / ``` ; an unclosed last fence counts, for cut-off output)
+    take the last one that defines `entry_point`, else the longest. Without fences, start at the first
+    line that begins a definition or import. Trailing lines that do not parse (cut-off output) are
+    dropped. Of the result keep only imports, functions, classes and the module-level assignments they
+    use, in their original order and text.
+    """
+    if not text or not text.strip():
+        return ""
+    text = text.replace("\r\n", "\n")
+    blocks = _fenced_blocks(text)
+    candidates: list[str]
+    if blocks:
+        with_entry = [b for b in blocks if entry_point and re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", b)]
+        candidates = [with_entry[-1]] if with_entry else [max(blocks, key=len)]
+    else:
+        m = _CODE_START.search(text)
+        candidates = [text[m.start() :]] if m else [text]
+    for cand in candidates:
+        parsed = _parse_prefix(cand.strip("\n"))
+        if parsed is None:
+            continue
+        code = _keep_definitions(*parsed)
+        if code:
+            return code + "\n"
+    return ""
+
+
+def solution_code(problem: Problem, text: str) -> str:
+    """The program to test for `problem` from a model's answer.
+
+    For HumanEval-style problems whose question is the function header (prompt completion), an answer
+    that is only the function body is accepted: if the extracted code does not define the entry point
+    but the prompt does, the prompt + the answer are tried instead.
+    """
+    code = extract_code(text, problem.entry_point)
+    ep = problem.entry_point
+    if ep and not _code_defines(code, ep) and _code_defines(problem.question, ep):
+        body = _fenced_blocks(text)
+        completion = body[-1] if body else text
+        joined = extract_code(problem.question.rstrip("\n") + "\n" + completion.strip("\n"), ep)
+        if _code_defines(joined, ep):
+            return joined
+    return code
+
+
+def _code_defines(code: str, name: str) -> bool:
+    try:
+        return _defines(ast.parse(code), name)
+    except (SyntaxError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------
+# programs
+
+
+def _preamble(problem: Problem) -> str:
+    return str(problem.meta.get("code_preamble") or "").strip()
+
+
+def _test_style(problem: Problem) -> str:
+    style = problem.meta.get("test_style")
+    if style in ("check", "asserts"):
+        return style
+    return "check" if re.search(r"^def check\(", problem.hidden_tests, re.M) else "asserts"
+
+
+def pass_token(program_without_token: str) -> str:
+    return "SPOGW-HIDDEN-TESTS-PASSED-" + hashlib.sha256(program_without_token.encode()).hexdigest()[:16]
+
+
+def build_test_program(problem: Problem, solution_code: str) -> str:
+    """Solution + hidden tests (+ `check(<entry_point>)` for HumanEval-style tests) + the pass token.
+
+    Layout: the prompt's preamble (imports and helpers, HumanEval), the solution, the hidden tests
+    (HumanEval: the `test` program then `check(entry_point)`; MBPP: setup code then the asserts), then a
+    line printing the pass token. Exit status 0 and the token on stdout mean every test passed.
+    """
+    return _test_program_and_token(problem, solution_code)[0]
+
+
+def _test_program_and_token(problem: Problem, solution_code: str) -> tuple[str, str]:
+    if not problem.hidden_tests.strip():
+        raise ValueError(f"problem {problem.id} has no hidden tests")
+    parts = []
+    pre = _preamble(problem)
+    if pre:
+        parts.append(pre)
+    parts.append(solution_code.strip())
+    parts.append(problem.hidden_tests.strip())
+    if _test_style(problem) == "check":
+        if not problem.entry_point:
+            raise ValueError(f"problem {problem.id} uses check(candidate) tests but has no entry_point")
+        parts.append(f"check({problem.entry_point})")
+    body = "\n\n".join(parts) + "\n"
+    token = pass_token(body)
+    return body + f"\n__import__('sys').stdout.write({token!r} + '\\n')\n", token
+
+
+def build_public_test_program(problem: Problem, solution_code: str, tests: list[str] | None = None) -> str:
+    """Solution + each public test run on its own, reporting one JSON line per test.
+
+    Each line is PUBLIC_RESULT_PREFIX + {"index", "test", "passed", "error"}; read them back with
+    `parse_public_test_results`. The program exits 1 if any test failed, 0 if all passed. `tests`
+    defaults to problem.public_tests. MBPP setup code (e.g. imports the asserts use) runs first.
+    """
+    tests = list(problem.public_tests if tests is None else tests)
+    parts = []
+    pre = _preamble(problem)
+    if pre:
+        parts.append(pre)
+    parts.append(solution_code.strip())
+    setup = str(problem.meta.get("test_setup_code") or "").strip()
+    if setup:
+        parts.append(setup)
+    runner = f"""
+def __spogw_run_public_tests(__tests):
+    import json as _json, sys as _sys
+    _failed = 0
+    for _i, _t in enumerate(__tests):
+        try:
+            exec(compile(_t, "<public test %d>" % _i, "exec"), globals())
+            _rec = {{"index": _i, "test": _t, "passed": True, "error": ""}}
+        except BaseException as _e:  # a failing test must not stop the others (SystemExit included)
+            _failed += 1
+            _rec = {{"index": _i, "test": _t, "passed": False, "error": (type(_e).__name__ + ": " + str(_e))[:300]}}
+        _sys.stdout.write({PUBLIC_RESULT_PREFIX!r} + _json.dumps(_rec) + "\\n")
+        _sys.stdout.flush()
+    _sys.exit(1 if _failed else 0)
+
+
+__spogw_run_public_tests({json.dumps(tests)})
+"""
+    parts.append(runner.strip())
+    return "\n\n".join(parts) + "\n"
+
+
+def parse_public_test_results(stdout: str) -> list[dict[str, Any]]:
+    """The per-test records printed by a public-test program (in order; tests never reached are absent)."""
+    out = []
+    for line in (stdout or "").splitlines():
+        if line.startswith(PUBLIC_RESULT_PREFIX):
+            try:
+                rec = json.loads(line[len(PUBLIC_RESULT_PREFIX) :])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "passed" in rec:
+                out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# scoring
+
+
+def _status_of(result: Any) -> Status:
+    raw = getattr(result, "status", None)
+    try:
+        return raw if isinstance(raw, Status) else Status(raw)
+    except ValueError:
+        raise ScoringInfrastructureError(f"run_code returned an unknown status {raw!r}") from None
+
+
+def _last_line(s: str, limit: int = 200) -> str:
+    lines = [ln for ln in (s or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:limit] if lines else ""
+
+
+async def score_code(problem: Problem, solution_text: str, run_code: RunCode) -> ScoreDetail:
+    """pass@1 of one answer: 1.0 if the hidden tests pass, else 0.0.
+
+    No code, a syntax error or a missing entry point give 0.0 without running anything. Otherwise the
+    test program runs through `run_code`; it passes when the status is OK, the return code 0 and the
+    pass token was printed. If `run_code` raises, or reports EXECUTOR_ERROR (an infrastructure failure,
+    not the solution's), the error propagates: it is never turned into a score.
+    """
+    code = solution_code(problem, solution_text or "")
+    if not code.strip():
+        return ScoreDetail(0.0, "no code found in the answer")
+    try:
+        compile(code, "<solution>", "exec")
+    except (SyntaxError, ValueError) as e:
+        return ScoreDetail(0.0, f"syntax error: {getattr(e, 'msg', e)}", code[:2000])
+    ep = problem.entry_point
+    if ep and not _code_defines(code, ep) and not _code_defines(_preamble(problem), ep):
+        return ScoreDetail(0.0, f"the answer does not define {ep}", code[:2000])
+    program, token = _test_program_and_token(problem, code)
+    result = await run_code(program)
+    status = _status_of(result)
+    if status is Status.EXECUTOR_ERROR:
+        raise ScoringInfrastructureError(f"run_code reported executor_error for {problem.id}: {_last_line(getattr(result, 'stderr', ''))}")
+    rc = getattr(result, "returncode", None)
+    stdout = getattr(result, "stdout", "") or ""
+    if status is Status.OK and rc == 0 and token and token in stdout:
+        return ScoreDetail(1.0, "passed", code[:2000])
+    if status is not Status.OK:
+        why = f"{status.value}"
+    elif rc != 0:
+        why = f"exit code {rc}"
+    else:
+        why = "exited before the tests finished"
+    err = _last_line(getattr(result, "stderr", "") or "")
+    return ScoreDetail(0.0, f"failed: {why}" + (f": {err}" if err else ""), code[:2000])

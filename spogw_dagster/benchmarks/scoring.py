@@ -1,0 +1,286 @@
+"""Scorers: pure functions from (gold, model answer) to a ScoreDetail, plus the async dispatcher `score`.
+
+- GSM8K (`score_gsm8k`): the final number of the answer vs the gold, |pred - gold| <= 1e-6. The final
+  number is the one after the last `####` if there is one, else the last number inside the last
+  `\\boxed{}` (a simple fraction there, `a/b` or `\\frac{a}{b}`, is evaluated), else the last number in
+  the text. Thousands separators are removed.
+- MATH (`score_math`): the content of the last `\\boxed{}` (nested braces kept) vs the gold, equal if the
+  normalised strings match or math-verify finds them symbolically equal. With no `\\boxed{}` in the
+  answer we fall back to its last number (so "... the answer is 5." can still score), which is lenient
+  on purpose for small models; a boxed answer always takes precedence.
+- QA (`score_qa`): token F1 after SQuAD/DROP normalisation, max over the golds. The answer is first
+  reduced to its final answer: the last `\\boxed{}`, else the text after the last "final answer:" /
+  "answer:" / "the answer is" (up to the end of that line, markdown and a final period stripped), else
+  the whole text.
+- Code (`code_tests.score_code`): pass@1 by running the hidden tests through an injected `run_code`.
+
+math-verify bounds its work with SIGALRM, which only exists in the main thread: `math_equal` passes its
+timeouts only there and runs without them elsewhere (answers longer than MAX_MATH_CHARS are then only
+compared as strings, to bound the work). The dispatcher runs math scoring inline (not in a worker
+thread) so that, in the usual case of an event loop in the main thread, the timeouts apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import string
+import threading
+from collections import Counter
+from typing import Any
+
+from ..types import Problem
+from .code_tests import RunCode, ScoreDetail, score_code
+from .registry import BENCHMARK_SCORERS
+from .textutil import find_numbers, last_boxed, last_number, to_float
+
+log = logging.getLogger(__name__)
+
+GSM8K_TOLERANCE = 1e-6
+MATH_VERIFY_TIMEOUT_S = 5
+MAX_MATH_CHARS = 400
+
+# ---------------------------------------------------------------------------------------------------
+# GSM8K
+
+_FRAC_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*/\s*(\d+(?:\.\d+)?)\s*$")
+_TEX_FRAC_RE = re.compile(r"^\s*(-?)\\d?frac\{\s*(-?\d+(?:\.\d+)?)\s*\}\{\s*(\d+(?:\.\d+)?)\s*\}\s*$")
+
+
+def _fraction_value(s: str) -> float | None:
+    s = s.replace("$", "").replace(",", "")
+    m = _FRAC_RE.match(s)
+    if m and float(m.group(2)) != 0:
+        return float(m.group(1)) / float(m.group(2))
+    m = _TEX_FRAC_RE.match(s)
+    if m and float(m.group(3)) != 0:
+        return (-1 if m.group(1) else 1) * float(m.group(2)) / float(m.group(3))
+    return None
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The final number of a GSM8K answer as a string (commas removed), or None if it has none."""
+    if not text:
+        return None
+    if "####" in text:
+        nums = find_numbers(text.rsplit("####", 1)[1])
+        if nums:
+            return nums[0]
+    boxed = last_boxed(text)
+    if boxed is not None:
+        frac = _fraction_value(boxed)
+        if frac is not None:
+            return repr(frac)
+        num = last_number(boxed)
+        if num is not None:
+            return num
+    return last_number(text)
+
+
+def score_gsm8k(answer_text: str, gold: str) -> ScoreDetail:
+    gold_v = to_float(gold)
+    if gold_v is None:
+        raise ValueError(f"GSM8K gold {gold!r} is not a number")
+    pred = extract_gsm8k_answer(answer_text)
+    if pred is None:
+        return ScoreDetail(0.0, "no number in the answer")
+    pred_v = to_float(pred)
+    if pred_v is not None and abs(pred_v - gold_v) <= GSM8K_TOLERANCE:
+        return ScoreDetail(1.0, f"correct: {pred}", pred)
+    return ScoreDetail(0.0, f"wrong: {pred} (gold {gold})", pred)
+
+
+# ---------------------------------------------------------------------------------------------------
+# MATH
+
+
+def _strip_math(s: str) -> str:
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\(left|right|!|,|;|:|displaystyle)", "", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\\text\{\s*([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\s+", "", s)
+    return s.rstrip(".")
+
+
+def extract_math_answer(text: str) -> tuple[str | None, str]:
+    """(answer, how): the last `\\boxed{}` content ("boxed"), else the last number ("last_number")."""
+    boxed = last_boxed(text or "")
+    if boxed is not None:
+        return boxed, "boxed"
+    num = last_number(text or "")
+    if num is not None:
+        return num, "last_number"
+    return None, "none"
+
+
+def math_equal(pred: str, gold: str, timeout_s: int | None = MATH_VERIFY_TIMEOUT_S) -> bool:
+    """Whether two final answers (LaTeX, no `\\boxed`) are equal: as normalised strings, or by math-verify.
+
+    Safe from any thread: math-verify's signal-based timeouts are used only in the main thread.
+    """
+    if not pred.strip() or not gold.strip():
+        return False
+    if _strip_math(pred) == _strip_math(gold):
+        return True
+    main = threading.current_thread() is threading.main_thread()
+    if not main and max(len(pred), len(gold)) > MAX_MATH_CHARS:
+        return False
+    from math_verify import parse, verify  # imported lazily: it pulls sympy
+
+    t = timeout_s if main else None
+    try:
+        g = parse("\\boxed{" + gold + "}", parsing_timeout=t)
+        p = parse("\\boxed{" + pred + "}", parsing_timeout=t)
+        if not g or not p:
+            return False
+        return bool(verify(g, p, timeout_seconds=t))
+    except Exception as e:  # math-verify's own failures (timeouts included) mean "not shown equal"
+        log.debug("math-verify failed on %r vs %r: %s", pred, gold, e)
+        return False
+
+
+def score_math(answer_text: str, gold: str) -> ScoreDetail:
+    pred, how = extract_math_answer(answer_text)
+    if pred is None:
+        return ScoreDetail(0.0, "no \\boxed{} answer and no number")
+    tag = "" if how == "boxed" else " (no \\boxed{}; last number used)"
+    if math_equal(pred, gold):
+        return ScoreDetail(1.0, f"correct: {pred}{tag}", pred)
+    return ScoreDetail(0.0, f"wrong: {pred} (gold {gold}){tag}", pred)
+
+
+# ---------------------------------------------------------------------------------------------------
+# QA
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+_NUM_TOKEN = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^-?\.\d+$")
+
+
+def _normalize_number(tok: str) -> str:
+    bare = tok.strip(string.punctuation.replace("-", "").replace(".", "")).rstrip(".")
+    if _NUM_TOKEN.match(bare):
+        v = float(bare.replace(",", ""))
+        return str(int(v)) if v.is_integer() else repr(v).replace(".", "_")
+    return tok
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation (lowercase, drop punctuation and a/an/the, collapse whitespace), with two
+    DROP-style touches: hyphens separate words, and numbers are canonical ("1,000" = "1000",
+    "12.0" = "12", while "2.5" stays distinct from "25")."""
+    s = (s or "").lower().replace("-", " ").replace("–", " ")
+    toks = [_normalize_number(t) for t in s.split()]
+    s = " ".join(toks)
+    s = "".join(ch for ch in s if ch not in _PUNCT or ch == "_")
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def f1_score(prediction: str, gold: str) -> float:
+    """Token F1 between normalised strings (1.0 if both are empty, 0.0 if only one is)."""
+    p = normalize_answer(prediction).split()
+    g = normalize_answer(gold).split()
+    if not p or not g:
+        return float(p == g)
+    common = Counter(p) & Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision = same / len(p)
+    recall = same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+_ANSWER_MARKERS = [
+    re.compile(r"final\s+answer\s*(?:is)?\s*[:：]", re.I),
+    re.compile(r"\banswer\s*[:：]", re.I),
+    re.compile(r"\bthe\s+(?:final\s+)?answer\s+is\b\s*[:：]?", re.I),
+]
+
+
+def _clean_answer_line(s: str) -> str:
+    lines = [ln for ln in s.strip().splitlines() if ln.strip()]
+    s = lines[0] if lines else ""
+    for _ in range(2):  # "**The Danube**." -> "The Danube"
+        s = s.strip().strip("*_`").strip()
+        s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
+        s = s.strip().strip('"').strip("'").strip()
+        s = s[:-1] if s.endswith(".") else s
+    return s.strip()
+
+
+def extract_qa_answer(text: str) -> str:
+    """The final answer of a verbose QA response (see the module docstring for the rules)."""
+    text = (text or "").strip()
+    if not text:
+        return ""
+    boxed = last_boxed(text)
+    if boxed:
+        return _clean_answer_line(boxed)
+    best: tuple[int, int] | None = None  # (end of marker, marker priority) of the latest marker
+    for prio, pat in enumerate(_ANSWER_MARKERS):
+        for m in pat.finditer(text):
+            if best is None or m.start() > best[0]:
+                best = (m.end(), prio)
+    if best is not None:
+        ans = _clean_answer_line(text[best[0] :])
+        if ans:
+            return ans
+    return text
+
+
+def score_qa(answer_text: str, golds: list[str]) -> ScoreDetail:
+    golds = [g for g in golds if g is not None]
+    if not golds:
+        raise ValueError("QA scoring needs at least one gold answer")
+    pred = extract_qa_answer(answer_text)
+    scores = [f1_score(pred, g) for g in golds]
+    best = max(range(len(golds)), key=lambda i: scores[i])
+    return ScoreDetail(scores[best], f"f1={scores[best]:.3f} answer={pred[:80]!r} gold={golds[best][:80]!r}", pred)
+
+
+# ---------------------------------------------------------------------------------------------------
+# dispatch
+
+
+def scorer_for(problem: Problem) -> str:
+    """"code" | "gsm8k" | "math" | "qa_f1": by benchmark when known, else by family."""
+    if problem.benchmark in BENCHMARK_SCORERS:
+        return BENCHMARK_SCORERS[problem.benchmark]
+    by_family = {"code": "code", "math": "math", "qa": "qa_f1"}
+    if problem.family not in by_family:
+        raise ValueError(f"problem {problem.id}: no scorer for benchmark {problem.benchmark!r} / family {problem.family!r}")
+    return by_family[problem.family]
+
+
+def _as_text(answer: Any) -> str:
+    if answer is None:
+        return ""
+    return answer if isinstance(answer, str) else str(answer)
+
+
+def score_answer(problem: Problem, answer: Any) -> ScoreDetail:
+    """Synchronous scoring for math and QA problems (code needs `score`, which runs tests)."""
+    text = _as_text(answer)
+    kind = scorer_for(problem)
+    if kind == "gsm8k":
+        return score_gsm8k(text, problem.answer)
+    if kind == "math":
+        return score_math(text, problem.answer)
+    if kind == "qa_f1":
+        return score_qa(text, problem.golds or [problem.answer])
+    raise ValueError(f"problem {problem.id}: {kind} problems are scored with the async `score` (they run tests)")
+
+
+async def score(problem: Problem, answer_text: Any, run_code: RunCode | None = None) -> ScoreDetail:
+    """Score one answer to `problem`. Code problems need `run_code` (the sandbox); an answer that is not
+    a string (e.g. a workflow returning an int) is scored as its str(), None as "".
+    Failures of the scoring machinery (run_code raising) propagate as exceptions."""
+    kind = scorer_for(problem)
+    if kind == "code":
+        if run_code is None:
+            raise ValueError(f"problem {problem.id} is a code problem: scoring it needs run_code")
+        return await score_code(problem, _as_text(answer_text), run_code)
+    return score_answer(problem, answer_text)
