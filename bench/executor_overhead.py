@@ -133,18 +133,65 @@ async def bench(base_url: str, n: int, concurrency: int, rounds: int) -> None:
             print(f"    {name:<24}{per * 1e6:>10.0f}us{(per - base) * 1e6:>14.0f}us{per / base:>17.2f}x")
 
 
-def sandbox_start_cost() -> None:
-    """TODO (sandbox owner): measure the cost of starting one sandboxed workflow process.
+def sandbox_start_cost(n: int = 20) -> None:
+    """Per-run start cost of the sandbox, side by side with a plain Python subprocess in the same run.
 
-    Placeholder: fill in with a side-by-side timing of `run_code` on a trivial workflow vs a plain
-    `subprocess.run([sys.executable, "-c", "pass"])`, reported as a ratio like the numbers above.
+    Three ways to run the same trivial program, interleaved so machine noise hits all alike:
+    a plain `python -I -S -c pass` subprocess (the floor), `run_code` in the sandbox, and a full
+    one-operator workflow run through the sandboxed runner with an instant in-process executor.
     """
+    import statistics
+    import subprocess
+    import sys
+    import time
+
+    from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation, run_code
+    from spogw_dagster.types import ChatResult, Problem
+    from spogw_dagster.workflow.runtime import execute_workflow
+
     try:
-        from spogw_dagster.isolation import run_code  # noqa: F401
-    except ImportError:
-        print("\nsandbox start cost: sandbox not available yet")
+        iso = detect_isolation()
+    except SandboxUnavailableError as e:
+        print(f"\nsandbox start cost: no sandbox here ({e})")
         return
-    print("\nsandbox start cost: spogw_dagster.isolation.run_code exists; measurement not written yet")
+
+    class Instant:
+        model = "instant"
+
+        async def chat(self, messages, params):
+            return ChatResult(text="\\boxed{1}")
+
+        async def aclose(self):
+            pass
+
+    problem = Problem("gsm8k", "bench", "1+0?", answer="1", family="math")
+    code = "class Workflow:\n    async def run(self):\n        return await self.custom(instruction='x')\n"
+    plain, sandboxed, workflow = [], [], []
+
+    async def one_round() -> None:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
+        plain.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        r = await run_code("pass", iso)
+        assert r.status.value == "ok", r.error
+        sandboxed.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        w = await execute_workflow(code, problem, Instant(), iso)
+        assert w.status.value == "ok", w.error
+        workflow.append(time.perf_counter() - t)
+
+    async def run_all() -> None:
+        for _ in range(n):
+            await one_round()
+
+    asyncio.run(run_all())
+    base = statistics.median(plain)
+    print(f"\nsandbox start cost ({iso.kind}, median of {n}):")
+    print(f"    plain python subprocess     {base * 1e3:7.1f} ms   1.00x")
+    for name, xs in (("run_code (sandboxed)", sandboxed), ("workflow run, 1 operator", workflow)):
+        m = statistics.median(xs)
+        print(f"    {name:<27} {m * 1e3:7.1f} ms   {m / base:.2f}x")
 
 
 def main() -> None:
