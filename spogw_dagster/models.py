@@ -139,6 +139,11 @@ def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
     with _file_lock(root / f".{final.name}.lock"):
         m = _read_marker(final)
         if m and m.get("gguf_sha256") == sha and m.get("conversion_version") == CONVERSION_VERSION:
+            # same bytes under a new path or mtime: remember them so the next lookup skips hashing
+            m.update(gguf_path=str(gguf), gguf_size=st.st_size, gguf_mtime_ns=st.st_mtime_ns)
+            tmp_marker = final / f".{MARKER}.{uuid.uuid4().hex[:8]}"
+            tmp_marker.write_text(json.dumps(m, indent=2))
+            os.replace(tmp_marker, final / MARKER)
             return final
         if final.exists():  # stale recipe or foreign content: replace it atomically below
             trash = root / f".trash-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -175,7 +180,26 @@ def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
     return final
 
 
+@contextlib.contextmanager
+def _quiet_progress():
+    """No per-tensor progress bars in our logs (they are restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _convert(gguf: Path, out: Path) -> None:
+    with _quiet_progress():
+        _convert_inner(gguf, out)
+
+
+def _convert_inner(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -232,7 +256,8 @@ def load_model_and_tokenizer(
     folder = resolve_model(spec)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
+    with _quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
     tok = load_tokenizer(folder)
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
@@ -262,4 +287,5 @@ def load_adapter(model, adapter_path, adapter_name: str = "default", trainable: 
     if isinstance(model, PeftModel):
         model.load_adapter(str(p), adapter_name=adapter_name, is_trainable=trainable)
         return model
-    return PeftModel.from_pretrained(model, str(p), adapter_name=adapter_name, is_trainable=trainable)
+    with _quiet_progress():
+        return PeftModel.from_pretrained(model, str(p), adapter_name=adapter_name, is_trainable=trainable)
