@@ -139,12 +139,28 @@ def solution_code(problem: Problem, text: str) -> str:
     code = extract_code(text, problem.entry_point)
     ep = problem.entry_point
     if ep and not _code_defines(code, ep) and _code_defines(problem.question, ep):
-        body = _fenced_blocks(text)
-        completion = body[-1] if body else text
-        joined = extract_code(problem.question.rstrip("\n") + "\n" + completion.strip("\n"), ep)
-        if _code_defines(joined, ep):
-            return joined
+        blocks = _fenced_blocks(text)
+        completion = (blocks[-1] if blocks else text).strip("\n")
+        joined = problem.question.rstrip("\n") + "\n" + completion + "\n"
+        # only a completion that parses as a whole with the prompt (no trimming) and gives the entry
+        # point a body: the bare prompt's function has nothing but its docstring
+        if completion.strip() and _has_body(joined, ep):
+            return extract_code(joined, ep)
     return code
+
+
+def _has_body(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                body = body[1:]  # the docstring
+            return bool(body)
+    return False
 
 
 def _code_defines(code: str, name: str) -> bool:

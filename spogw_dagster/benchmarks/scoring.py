@@ -135,6 +135,11 @@ def math_equal(pred: str, gold: str, timeout_s: int | None = MATH_VERIFY_TIMEOUT
         if not g or not p:
             return False
         return bool(verify(g, p, timeout_seconds=t))
+    except ValueError as e:
+        if "threaded environment" in str(e):  # our bug, not the answer's: never a silent 0
+            raise
+        log.debug("math-verify failed on %r vs %r: %s", pred, gold, e)
+        return False
     except Exception as e:  # math-verify's own failures (timeouts included) mean "not shown equal"
         log.debug("math-verify failed on %r vs %r: %s", pred, gold, e)
         return False

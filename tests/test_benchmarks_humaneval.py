@@ -1,0 +1,150 @@
+"""Public tests extracted from HumanEval docstrings: named cases checked by eye, and every extracted test
+checked against the canonical solution with a plain local subprocess runner (trusted code only)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+from spogw_dagster.benchmarks import (
+    build_public_test_program,
+    extract_public_tests,
+    load_benchmark,
+    parse_public_test_results,
+)
+from spogw_dagster.benchmarks.humaneval import KNOWN_WRONG_EXAMPLES, code_preamble
+from spogw_dagster.types import Status
+
+
+@dataclass
+class RunResult:
+    status: Status
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+async def local_run(program: str, timeout: float = 30.0) -> RunResult:
+    """Run trusted code in a fresh interpreter (stdlib only), like the sandbox would, minus isolation."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "prog.py")
+        with open(path, "w") as f:
+            f.write(program)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", path, cwd=d,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return RunResult(Status.TIMEOUT, None, "", "timeout")
+        status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
+        return RunResult(status, proc.returncode, out.decode(), err.decode())
+
+
+@pytest.fixture(scope="module")
+def he():
+    return {p.id: p for p in load_benchmark("humaneval")}
+
+
+def test_humaneval_0_doctests(he):
+    assert he["HumanEval/0"].public_tests == [
+        "assert has_close_elements([1.0, 2.0, 3.0], 0.5) == False",
+        "assert has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3) == True",
+    ]
+
+
+def test_humaneval_2_float_uses_tolerance(he):
+    # docstring: >>> truncate_number(3.5) / 0.5
+    assert he["HumanEval/2"].public_tests == ["assert abs(truncate_number(3.5) - 0.5) < 1e-6"]
+
+
+def test_inline_styles(he):
+    # `f(x) ➞ y`
+    assert he["HumanEval/72"].public_tests[0] == "assert will_it_fly([1, 2], 5) == False"
+    # `f(x) => y`
+    assert he["HumanEval/66"].public_tests == [
+        "assert digitSum('') == 0",
+        "assert digitSum('abAB') == 131",
+        "assert digitSum('abcCd') == 67",
+    ]
+    # `f(x) == y` written in prose lines
+    assert he["HumanEval/69"].public_tests[0] == "assert search([4, 1, 2, 2, 3, 1]) == 2"
+    # "should return 16." ends a sentence: the int 16, not the float 16.0
+    assert he["HumanEval/97"].public_tests[0] == "assert multiply(148, 412) == 16"
+    # `>>> f(x) == y` as a doctest comparison
+    assert he["HumanEval/108"].public_tests[1] == "assert count_nums([-1, 11, -11]) == 1"
+
+
+def test_described_styles(he):
+    # "Input: arr = [...], k = 3" / "Output: [...]" -> positional arguments
+    assert he["HumanEval/120"].public_tests[0] == "assert maximum([-3, -4, 5], 3) == [-4, -3, 5]"
+    # 'For num = "AB" the output should be 1.'
+    assert he["HumanEval/78"].public_tests[0] == "assert hex_key('AB') == 1"
+
+
+def test_no_examples_gives_none(he):
+    assert he["HumanEval/41"].public_tests == []  # prose only
+    # arithmetic in the example ("-> 19 - 5 - 6 = 8") is prose, not a value
+    assert he["HumanEval/67"].public_tests == []
+
+
+def test_known_wrong_docstring_examples_are_skipped(he):
+    assert "assert abs(median([-10, 4, 6, 1000, 10, 20]) - 15.0) < 1e-6" not in he["HumanEval/47"].public_tests
+    assert he["HumanEval/47"].public_tests == ["assert median([3, 1, 2, 4, 5]) == 3"]
+    assert he["HumanEval/116"].public_tests == []
+    assert he["HumanEval/130"].public_tests == ["assert tri(3) == [1, 3, 2, 8]"]
+    for tid, wrong in KNOWN_WRONG_EXAMPLES.items():
+        assert not set(he[tid].public_tests) & wrong
+
+
+def test_synthetic_prompts():
+    prompt = '''
+def f(a, b):
+    """Add.
+    f(1, 2) == 3
+    f(x, 2) == 5
+    f(2, 2) = 2 + 2 = 4
+    f(5, 5) returns 10 (the sum)
+    >>> f(0, 0)
+    0
+    """
+'''
+    assert extract_public_tests(prompt, "f", limit=5) == [
+        "assert f(1, 2) == 3",
+        "assert f(5, 5) == 10",
+        "assert f(0, 0) == 0",
+    ]
+    assert extract_public_tests(prompt, "f", limit=1) == ["assert f(1, 2) == 3"]
+    assert extract_public_tests("def g(:\n", "g") == []  # unparsable prompt
+    assert extract_public_tests('def g():\n    """no examples"""\n', "g") == []
+
+
+def test_code_preamble_keeps_helpers(he):
+    pre = code_preamble(he["HumanEval/10"].question, "make_palindrome")
+    assert "def is_palindrome" in pre and "def make_palindrome" not in pre
+
+
+async def test_canonical_solutions_pass_their_public_tests(he):
+    """Every extracted public test holds for the reference solution (so it never fails a correct program)."""
+    problems = [p for p in he.values() if p.public_tests]
+    assert len(problems) >= 140
+    sem = asyncio.Semaphore(4)
+
+    async def run(p):
+        async with sem:
+            return p, await local_run(build_public_test_program(p, p.answer))
+
+    failures = []
+    for p, res in await asyncio.gather(*(run(p) for p in problems)):
+        recs = parse_public_test_results(res.stdout)
+        if res.returncode != 0 or len(recs) != len(p.public_tests) or not all(r["passed"] for r in recs):
+            failures.append((p.id, [r for r in recs if not r["passed"]], res.stderr[-300:]))
+    assert failures == []

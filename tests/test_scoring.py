@@ -1,0 +1,218 @@
+"""Math and QA scorers on cases worked out by hand, and the async dispatcher."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from spogw_dagster.benchmarks import (
+    ScoreDetail,
+    extract_gsm8k_answer,
+    extract_math_answer,
+    extract_qa_answer,
+    f1_score,
+    last_boxed,
+    math_equal,
+    normalize_answer,
+    score,
+    score_answer,
+    score_gsm8k,
+    score_math,
+    score_qa,
+    scorer_for,
+)
+from spogw_dagster.types import Problem
+
+# ---------------------------------------------------------------- GSM8K
+
+
+@pytest.mark.parametrize(
+    "text,gold,expected",
+    [
+        ("Natalia sold 48 + 24 = 72 clips.\n#### 72", "72", 1.0),
+        ("The total is 1,234 dollars.", "1234", 1.0),  # thousands separator
+        ("So she pays $\\boxed{42}$.", "42", 1.0),
+        ("\\boxed{\\$1,000.50}", "1000.5", 1.0),
+        ("half a cup: \\boxed{3/4}", "0.75", 1.0),  # simple fraction in the box
+        ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
+        ("It is -5 degrees", "-5", 1.0),
+        ("I have 3 apples and 4 pears", "3", 0.0),  # the last number counts
+        ("#### 10\nThen 20 more", "10", 1.0),  # '####' wins over later numbers
+        ("42.0000001", "42", 1.0),  # within 1e-6
+        ("42.01", "42", 0.0),
+        ("no numbers here", "5", 0.0),
+        ("", "5", 0.0),
+    ],
+)
+def test_score_gsm8k(text, gold, expected):
+    assert score_gsm8k(text, gold).score == expected
+
+
+def test_gsm8k_details():
+    d = score_gsm8k("answer: 12", "13")
+    assert d == ScoreDetail(0.0, "wrong: 12 (gold 13)", "12")
+    assert score_gsm8k("nothing", "1").detail == "no number in the answer"
+    assert extract_gsm8k_answer("costs $1,000.50 total") == "1000.50"
+    assert extract_gsm8k_answer("12, 13, 14") == "14"
+    with pytest.raises(ValueError, match="not a number"):
+        score_gsm8k("1", "abc")
+
+
+# ---------------------------------------------------------------- MATH
+
+
+def test_last_boxed():
+    assert last_boxed(r"a \boxed{1} b \boxed{\frac{1}{2}} c") == r"\frac{1}{2}"  # last one, nested braces
+    assert last_boxed(r"\boxed{\{1,2\}}") == r"\{1,2\}"  # escaped braces are literal
+    assert last_boxed(r"\boxed{3} then \boxed{\frac{1") == "3"  # a cut-off box is skipped
+    assert last_boxed(r"so \boxed 5$") == "5"
+    assert last_boxed(r"\fbox{7}") == "7"
+    assert last_boxed("no box") is None
+    assert last_boxed(r"\boxed{ x^{2} }") == "x^{2}"
+
+
+@pytest.mark.parametrize(
+    "text,gold,expected",
+    [
+        (r"$\boxed{0.5}$", r"\frac{1}{2}", 1.0),
+        (r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt2}{2}", 1.0),
+        (r"\boxed{\dfrac{14}{3}}", r"\frac{14}{3}", 1.0),
+        (r"\boxed{x^2+1}", r"1+x^2", 1.0),
+        (r"\boxed{(3, \frac{\pi}{2})}", r"\left( 3, \frac{\pi}{2} \right)", 1.0),
+        (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}", 1.0),
+        (r"\boxed{3}", "4", 0.0),
+        (r"\boxed{\frac{1}{3}}", "0.3", 0.0),
+        ("the answer is 7", "7", 1.0),  # no box: falls back to the last number
+        (r"first 7, but \boxed{8}", "7", 0.0),  # a box always wins over numbers
+        ("no answer", "7", 0.0),
+    ],
+)
+def test_score_math(text, gold, expected):
+    assert score_math(text, gold).score == expected
+
+
+def test_math_details():
+    d = score_math("the answer is 7", "7")
+    assert d.score == 1.0 and "last number" in d.detail and d.extracted == "7"
+    assert extract_math_answer(r"\boxed{a}") == ("a", "boxed")
+    assert extract_math_answer("nothing") == (None, "none")
+    assert not math_equal("", "1")
+
+
+def test_math_equal_from_worker_threads():
+    """math-verify's SIGALRM timeouts would raise outside the main thread; our wrapper must not."""
+    cases = [(r"\frac{1}{2}", "0.5", True), (r"\sqrt{2}/2", r"\frac{\sqrt2}{2}", True), ("3", "4", False)]
+
+    def work(c):
+        assert threading.current_thread() is not threading.main_thread()
+        return math_equal(c[0], c[1])
+
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        results = list(ex.map(work, cases))
+    assert results == [c[2] for c in cases]
+    # and the main thread still works (with timeouts)
+    assert math_equal(r"\frac{1}{2}", "0.5")
+
+
+def test_math_verify_thread_misuse_is_not_a_silent_zero(monkeypatch):
+    """If our main-thread check were wrong, math-verify's refusal must surface, not score 0."""
+    import spogw_dagster.benchmarks.scoring as scoring
+
+    class FakeThreading:
+        @staticmethod
+        def current_thread():
+            return threading.main_thread()  # lie: claim the main thread
+
+        main_thread = staticmethod(threading.main_thread)
+
+    monkeypatch.setattr(scoring, "threading", FakeThreading)
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        with pytest.raises(ValueError, match="threaded environment"):
+            ex.submit(math_equal, r"\frac{1}{3}", "0.25").result()
+
+
+# ---------------------------------------------------------------- QA
+
+
+def test_normalize_answer():
+    assert normalize_answer("The  Cat's hat!") == "cats hat"
+    assert normalize_answer("An apple, a pear") == "apple pear"
+    assert normalize_answer("well-known") == "well known"
+    assert normalize_answer("1,000") == normalize_answer("1000") == "1000"
+    assert normalize_answer("12.0") == normalize_answer("12")
+    assert normalize_answer("2.5") != normalize_answer("25")
+
+
+def test_f1_by_hand():
+    # pred [cat, sat], gold [cat, sat, down]: p = 1, r = 2/3, F1 = 0.8
+    assert f1_score("the cat sat", "a cat sat down") == pytest.approx(0.8)
+    # pred [paris, france], gold [paris]: p = 1/2, r = 1, F1 = 2/3
+    assert f1_score("Paris, France", "Paris") == pytest.approx(2 / 3)
+    # repeated tokens match once each: pred [x x y], gold [x y y] -> common {x: 1, y: 1}: p = r = 2/3
+    assert f1_score("x x y", "x y y") == pytest.approx(2 / 3)
+    assert f1_score("", "") == 1.0
+    assert f1_score("x", "") == 0.0
+    assert f1_score("The", "a") == 1.0  # both empty after dropping articles
+    assert f1_score("dog", "cat") == 0.0
+
+
+def test_score_qa_max_over_golds():
+    d = score_qa("Brennan", ["Tom Brennan", "Brennan"])
+    assert d.score == 1.0 and "gold='Brennan'" in d.detail
+    # "Tom Brennan" vs gold "Tom Brennan, Luis Pena": p = 1, r = 1/2 -> 2/3
+    assert score_qa("Tom Brennan", ["Tom Brennan, Luis Pena"]).score == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        score_qa("x", [])
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Reasoning about rivers...\nFinal Answer: **The Danube**.", "The Danube"),
+        ("Let me think. The answer is \"yes\".", "yes"),
+        ("Answer: Salzburg\nExplanation: Mozart was born there.", "Salzburg"),
+        ("answer: first\n...\nanswer: second", "second"),  # the last marker counts
+        (r"So it is \boxed{\text{Santiago}}", "Santiago"),
+        ("Santiago", "Santiago"),  # nothing to strip: the whole text
+        ("", ""),
+    ],
+)
+def test_extract_qa_answer(text, expected):
+    assert extract_qa_answer(text) == expected
+
+
+def test_verbose_answer_scores_full_marks():
+    assert score_qa("The passage says it was 45 yards.\nAnswer: 45", ["45"]).score == 1.0
+    # without a marker the whole text is compared: verbosity costs precision (1 of 4 tokens: F1 = 0.4)
+    assert score_qa("it was 45 yards", ["45"]).score == pytest.approx(0.4)
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def _p(benchmark, family, answer="", golds=()):
+    return Problem(benchmark=benchmark, id="x", question="q", answer=answer, family=family, golds=list(golds))
+
+
+async def test_dispatch():
+    assert (await score(_p("gsm8k", "math", "72"), "#### 72")).score == 1.0
+    assert (await score(_p("gsm8k", "math", "72"), 72)).score == 1.0  # non-string answers are str()-ed
+    assert (await score(_p("math", "math", r"\frac12"), r"\boxed{0.5}")).score == 1.0
+    assert (await score(_p("drop", "qa", "45", ["45"]), "Answer: 45")).score == 1.0
+    assert (await score(_p("hotpotqa", "qa", "yes", ["yes"]), None)).score == 0.0
+    # unknown benchmark: by family
+    assert scorer_for(_p("my_math", "math")) == "math"
+    assert scorer_for(_p("my_qa", "qa")) == "qa_f1"
+    with pytest.raises(ValueError, match="no scorer"):
+        scorer_for(_p("odd", "poetry"))
+    with pytest.raises(ValueError, match="needs run_code"):
+        await score(_p("humaneval", "code"), "def f(): pass")
+    with pytest.raises(ValueError, match="async `score`"):
+        score_answer(_p("mbpp", "code"), "x")
+
+
+def test_score_detail_range():
+    with pytest.raises(ValueError):
+        ScoreDetail(1.5)

@@ -1,0 +1,248 @@
+"""Code scoring: extraction, test programs, and score_code with an injected runner.
+
+The runner here is a plain local subprocess with a timeout (trusted code only): the real sandbox is
+another component; these tests check our logic around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+from spogw_dagster.benchmarks import (
+    PUBLIC_RESULT_PREFIX,
+    ScoringInfrastructureError,
+    build_public_test_program,
+    build_test_program,
+    extract_code,
+    load_benchmark,
+    parse_public_test_results,
+    score,
+    score_code,
+    solution_code,
+    write_mbpp_fixture,
+)
+from spogw_dagster.types import Problem, Status
+
+
+@dataclass
+class RunResult:
+    status: Status
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+async def local_run(program: str, timeout: float = 20.0) -> RunResult:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "prog.py")
+        with open(path, "w") as f:
+            f.write(program)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", path, cwd=d,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return RunResult(Status.TIMEOUT, None, "", "wall-clock limit")
+        status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
+        return RunResult(status, proc.returncode, out.decode(), err.decode())
+
+
+@pytest.fixture(scope="module")
+def he():
+    return {p.id: p for p in load_benchmark("humaneval")}
+
+
+@pytest.fixture(scope="module")
+def mbpp(tmp_path_factory):
+    return load_benchmark("mbpp", write_mbpp_fixture(tmp_path_factory.mktemp("mbpp")))
+
+
+# ---------------------------------------------------------------- extract_code
+
+
+def test_extract_from_fence_drops_test_calls():
+    text = """Here is my solution:
+
+```python
+import math
+
+SCALE = 2
+UNUSED = compute_forever()
+
+def area(r):
+    return SCALE * math.pi * r * r
+
+print(area(2))
+if __name__ == "__main__":
+    area(3)
+```
+It works."""
+    assert extract_code(text, "area") == (
+        "import math\n\nSCALE = 2\n\ndef area(r):\n    return SCALE * math.pi * r * r\n"
+    )
+
+
+def test_extract_picks_block_defining_entry_point():
+    text = "```python\ndef helper_function():\n    return 1\n```\nthen\n```py\ndef target(x):\n    return x\n```\n```\nprint(target(1))\n```"
+    assert extract_code(text, "target") == "def target(x):\n    return x\n"
+    # without an entry point: the longest block
+    assert extract_code(text) == "def helper_function():\n    return 1\n"
+
+
+def test_extract_raw_text_and_cut_off_output():
+    raw = "Sure! Here it is.\ndef f(x):\n    return x + 1\n\ndef g(y):\n    return f("
+    assert extract_code(raw, "f") == "def f(x):\n    return x + 1\n"
+    # an unclosed fence (the model ran out of tokens)
+    assert extract_code("```python\ndef f():\n    return 2\n", "f") == "def f():\n    return 2\n"
+    assert extract_code("I don't know.", "f") == ""
+    assert extract_code("", "f") == ""
+    # other languages are ignored
+    assert extract_code("```bash\nls\n```", "f") == ""
+
+
+def test_extract_keeps_classes_and_decorators():
+    code = "import functools\n\n@functools.lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n\nclass A:\n    pass\n"
+    assert extract_code(code, "fib") == code
+
+
+def test_solution_code_accepts_a_bare_completion(he):
+    p = he["HumanEval/2"]
+    body = p.answer[len(p.question):]  # what a completion model writes: the indented body only
+    code = solution_code(p, body)
+    assert "def truncate_number" in code and "return number % 1.0" in code
+
+
+# ---------------------------------------------------------------- programs
+
+
+def test_build_test_program_humaneval(he):
+    p = he["HumanEval/0"]
+    prog = build_test_program(p, "def has_close_elements(numbers, threshold):\n    return False\n")
+    assert prog.startswith("from typing import List\n")  # prompt preamble first
+    assert p.hidden_tests.strip() in prog
+    lines = prog.rstrip("\n").splitlines()
+    assert lines[-3] == "check(has_close_elements)"
+    assert lines[-1].startswith("__import__('sys').stdout.write('SPOGW-HIDDEN-TESTS-PASSED-")
+
+
+def test_build_test_program_mbpp(mbpp):
+    p = mbpp[5]
+    prog = build_test_program(p, p.answer)
+    assert "import math\nassert math.isclose(point_distance(0, 0, 3, 4), 5.0)" in prog
+    assert "check(" not in prog
+    with pytest.raises(ValueError, match="no hidden tests"):
+        build_test_program(Problem("x", "x/1", "q", family="code"), "pass")
+
+
+async def test_public_test_program_reports_each_test(he):
+    p = he["HumanEval/0"]
+    wrong = "def has_close_elements(numbers, threshold):\n    return True\n"
+    tests = p.public_tests + ["assert 1/0"]
+    res = await local_run(build_public_test_program(p, wrong, tests))
+    recs = parse_public_test_results(res.stdout)
+    assert res.returncode == 1
+    assert [r["passed"] for r in recs] == [False, True, False]  # one failure does not stop the rest
+    assert recs[0]["error"].startswith("AssertionError") and recs[2]["error"].startswith("ZeroDivisionError")
+    ok = await local_run(build_public_test_program(p, p.answer))
+    assert ok.returncode == 0 and all(r["passed"] for r in parse_public_test_results(ok.stdout))
+
+
+async def test_public_test_program_mbpp_setup(mbpp):
+    p = mbpp[5]  # its public test needs `import math` from the setup code
+    res = await local_run(build_public_test_program(p, p.answer))
+    assert res.returncode == 0, res.stderr
+    assert parse_public_test_results(res.stdout)[0]["passed"] is True
+
+
+def test_parse_public_test_results_ignores_noise():
+    out = f"hello\n{PUBLIC_RESULT_PREFIX}{{bad json\n{PUBLIC_RESULT_PREFIX}{{\"index\": 0, \"passed\": true}}\n"
+    assert parse_public_test_results(out) == [{"index": 0, "passed": True}]
+
+
+# ---------------------------------------------------------------- score_code
+
+
+async def test_all_canonical_solutions_score_one(he, mbpp):
+    problems = list(he.values()) + mbpp
+    sem = asyncio.Semaphore(4)
+
+    async def one(p):
+        async with sem:
+            return p.id, await score_code(p, p.answer, local_run)
+
+    results = await asyncio.gather(*(one(p) for p in problems))
+    failed = [(pid, d.detail) for pid, d in results if d.score != 1.0]
+    assert failed == []
+
+
+async def test_wrong_and_broken_answers_score_zero(he, mbpp):
+    p = he["HumanEval/2"]
+    d = await score_code(p, "```python\ndef truncate_number(number):\n    return 0.0\n```", local_run)
+    assert d.score == 0.0 and d.detail.startswith("failed: runtime_error") and "AssertionError" in d.detail
+    d = await score_code(p, "def truncate_number(number):\n    return number +", local_run)
+    assert d.score == 0.0  # unparsable tail dropped -> nothing defines the entry point
+    d = await score_code(p, "no code at all", local_run)
+    assert (d.score, d.detail) == (0.0, "no code found in the answer")
+    d = await score_code(p, "def other(x):\n    return x\n", local_run)
+    assert d.score == 0.0 and "does not define truncate_number" in d.detail
+    d = await score_code(mbpp[0], "def count_vowels(s):\n    return 2\n", local_run)
+    assert d.score == 0.0
+
+
+async def test_timeout_scores_zero(he):
+    async def slow_runner(program):
+        return await local_run(program, timeout=1.0)
+
+    d = await score_code(he["HumanEval/2"], "def truncate_number(number):\n    while True:\n        pass\n", slow_runner)
+    assert d.score == 0.0 and d.detail.startswith("failed: timeout")
+
+
+async def test_exit_before_tests_does_not_pass(he):
+    """A solution that exits 0 while being defined never reaches the tests: not a pass."""
+    sneaky = "def truncate_number(number, _=__import__('os')._exit(0)):\n    return 0\n"
+    d = await score_code(he["HumanEval/2"], sneaky, local_run)
+    assert d.score == 0.0 and "exited before the tests finished" in d.detail
+
+
+async def test_runner_failure_propagates(he):
+    async def broken_runner(program):
+        raise RuntimeError("sandbox unavailable")
+
+    with pytest.raises(RuntimeError, match="sandbox unavailable"):
+        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, broken_runner)
+
+    async def executor_error(program):
+        return RunResult(Status.EXECUTOR_ERROR, None, "", "boom")
+
+    with pytest.raises(ScoringInfrastructureError, match="executor_error"):
+        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, executor_error)
+
+    async def odd_status(program):
+        return RunResult("exploded", 0, "", "")  # type: ignore[arg-type]
+
+    with pytest.raises(ScoringInfrastructureError, match="unknown status"):
+        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, odd_status)
+
+
+async def test_status_given_as_string_value(he):
+    async def runner(program):
+        r = await local_run(program)
+        return RunResult(r.status.value, r.returncode, r.stdout, r.stderr)  # type: ignore[arg-type]
+
+    assert (await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, runner)).score == 1.0
+
+
+async def test_dispatcher_runs_code(mbpp):
+    p = mbpp[3]
+    d = await score(p, f"Here you go:\n```python\n{p.answer}\n```", run_code=local_run)
+    assert d.score == 1.0 and d.detail == "passed"
