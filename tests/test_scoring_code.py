@@ -104,10 +104,19 @@ def test_extract_raw_text_and_cut_off_output():
     assert extract_code(raw, "f") == "def f(x):\n    return x + 1\n"
     # an unclosed fence (the model ran out of tokens)
     assert extract_code("```python\ndef f():\n    return 2\n", "f") == "def f():\n    return 2\n"
+    # prose between an import and the function is dropped
+    assert extract_code("import math\nHere is the function:\ndef f(x):\n    return math.sqrt(x)\nDone!", "f") == (
+        "import math\n\ndef f(x):\n    return math.sqrt(x)\n"
+    )
     assert extract_code("I don't know.", "f") == ""
     assert extract_code("", "f") == ""
     # other languages are ignored
     assert extract_code("```bash\nls\n```", "f") == ""
+
+
+def test_extract_keeps_assignments_used_through_other_assignments():
+    code = "BASE = 10\nLIMIT = BASE * 2\nJUNK = 3\n\ndef f(x):\n    return min(x, LIMIT)\n"
+    assert extract_code(code, "f") == "BASE = 10\n\nLIMIT = BASE * 2\n\ndef f(x):\n    return min(x, LIMIT)\n"
 
 
 def test_extract_keeps_classes_and_decorators():

@@ -73,6 +73,23 @@ def _parse_prefix(src: str) -> tuple[str, ast.Module] | None:
     return None
 
 
+def _parse_lenient(src: str) -> tuple[str, ast.Module] | None:
+    """Parse `src`, blanking unindented prose lines that break the parse ("Here is the function:"),
+    then falling back to the longest parsable prefix."""
+    lines = src.splitlines()
+    for _ in range(50):
+        chunk = "\n".join(lines)
+        try:
+            return chunk, ast.parse(chunk)
+        except (SyntaxError, ValueError) as e:
+            k = (getattr(e, "lineno", None) or 0) - 1
+            if 0 <= k < len(lines) and lines[k].strip() and not lines[k][0].isspace() and not _CODE_START.match(lines[k]):
+                lines[k] = ""
+                continue
+            break
+    return _parse_prefix("\n".join(lines))
+
+
 def _referenced_names(nodes: list[ast.stmt]) -> set[str]:
     return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
 
@@ -81,17 +98,22 @@ def _keep_definitions(src: str, tree: ast.Module) -> str:
     """Top-level imports, functions and classes, plus module-level assignments they use; test calls,
     prints and `if __name__ == "__main__":` blocks are dropped."""
     lines = src.splitlines()
-    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    used = _referenced_names(defs)
-    keep: list[ast.stmt] = []
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            keep.append(node)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    kept = {id(n) for n in tree.body if isinstance(n, kinds)}
+    assigns = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    changed = True
+    while changed:  # an assignment is kept if a kept definition or kept assignment uses its names
+        changed = False
+        used = _referenced_names([n for n in tree.body if id(n) in kept and not isinstance(n, (ast.Import, ast.ImportFrom))])
+        for node in assigns:
+            if id(node) in kept:
+                continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
             if names & used:
-                keep.append(node)
+                kept.add(id(node))
+                changed = True
+    keep = [n for n in tree.body if id(n) in kept]
     chunks = []
     for node in keep:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -103,9 +125,10 @@ def extract_code(text: str, entry_point: str = "") -> str:
     """Python code from a model's answer: markdown fences or raw text; "" when none is found.
 
     From fenced blocks (```python / ```py / ``` ; an unclosed last fence counts, for cut-off output)
-    take the last one that defines `entry_point`, else the longest. Without fences, start at the first
-    line that begins a definition or import. Trailing lines that do not parse (cut-off output) are
-    dropped. Of the result keep only imports, functions, classes and the module-level assignments they
+    take the last one that defines `entry_point`, else the longest. Without fences, take the whole
+    text, or (if that does not yield the entry point) the text from the first line that begins a
+    definition or import. Unindented prose lines that break parsing are blanked; trailing lines that
+    still do not parse (cut-off output) are dropped. Of the result keep only imports, functions, classes and the module-level assignments they
     use, in their original order and text.
     """
     if not text or not text.strip():
@@ -118,15 +141,19 @@ def extract_code(text: str, entry_point: str = "") -> str:
         candidates = [with_entry[-1]] if with_entry else [max(blocks, key=len)]
     else:
         m = _CODE_START.search(text)
-        candidates = [text[m.start() :]] if m else [text]
+        candidates = [text] + ([text[m.start() :]] if m and m.start() > 0 else [])
+    results = []
     for cand in candidates:
-        parsed = _parse_prefix(cand.strip("\n"))
+        parsed = _parse_lenient(cand.strip("\n"))
         if parsed is None:
             continue
         code = _keep_definitions(*parsed)
         if code:
-            return code + "\n"
-    return ""
+            results.append(code + "\n")
+    for code in results:
+        if not entry_point or _code_defines(code, entry_point):
+            return code
+    return results[0] if results else ""
 
 
 def solution_code(problem: Problem, text: str) -> str:
