@@ -38,6 +38,8 @@ from spogw_dagster.types import Problem
         ("half a cup: \\boxed{3/4}", "0.75", 1.0),  # simple fraction in the box
         ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
         ("It is -5 degrees", "-5", 1.0),
+        ("She walks 5km", "5", 1.0),  # a unit may follow the number
+        ("version v2", "2", 0.0),  # but a number inside a word is not one
         ("I have 3 apples and 4 pears", "3", 0.0),  # the last number counts
         ("#### 10\nThen 20 more", "10", 1.0),  # '####' wins over later numbers
         ("42.0000001", "42", 1.0),  # within 1e-6

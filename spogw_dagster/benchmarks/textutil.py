@@ -7,7 +7,8 @@ import re
 _BOX_CMDS = ("\\boxed", "\\fbox")
 
 # A number as people write it: optional sign, thousands separators (only in groups of three), decimals.
-_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])|(?<![\w.])-?\.\d+")
+# Not inside a word ("x2", "v1.5") but a unit may follow ("5km", "10am").
+_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
 
 
 def _boxed_at(text: str, start: int) -> str | None:
