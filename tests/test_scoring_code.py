@@ -119,6 +119,12 @@ def test_extract_keeps_assignments_used_through_other_assignments():
     assert extract_code(code, "f") == "BASE = 10\n\nLIMIT = BASE * 2\n\ndef f(x):\n    return min(x, LIMIT)\n"
 
 
+def test_extract_drops_statements_after_semicolons():
+    assert extract_code("import os; os._exit(0)\ndef f():\n    return 'é'  # accent\n", "f") == (
+        "import os\n\ndef f():\n    return 'é'  # accent\n"
+    )
+
+
 def test_extract_keeps_classes_and_decorators():
     code = "import functools\n\n@functools.lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n\nclass A:\n    pass\n"
     assert extract_code(code, "fib") == code

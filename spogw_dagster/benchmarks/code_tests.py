@@ -117,7 +117,13 @@ def _keep_definitions(src: str, tree: ast.Module) -> str:
     chunks = []
     for node in keep:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        chunks.append("\n".join(lines[first - 1 : node.end_lineno]))
+        seg = lines[first - 1 : node.end_lineno]
+        # cut the last line where the statement ends: `import os; os._exit(0)` keeps only the import
+        # (ast column offsets count UTF-8 bytes)
+        raw = seg[-1].encode()
+        if raw[node.end_col_offset :].lstrip().startswith(b";"):
+            seg[-1] = raw[: node.end_col_offset].decode(errors="ignore")
+        chunks.append("\n".join(seg))
     return "\n\n".join(chunks).strip()
 
 
@@ -128,8 +134,8 @@ def extract_code(text: str, entry_point: str = "") -> str:
     take the last one that defines `entry_point`, else the longest. Without fences, take the whole
     text, or (if that does not yield the entry point) the text from the first line that begins a
     definition or import. Unindented prose lines that break parsing are blanked; trailing lines that
-    still do not parse (cut-off output) are dropped. Of the result keep only imports, functions, classes and the module-level assignments they
-    use, in their original order and text.
+    still do not parse (cut-off output) are dropped. Of the result keep only imports, functions,
+    classes and the module-level assignments they use, in their original order and text.
     """
     if not text or not text.strip():
         return ""
