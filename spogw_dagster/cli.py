@@ -58,7 +58,7 @@ def _fail(msg: str, as_json: bool, code: int = 2) -> int:
 
 
 async def _exec_workflow(args) -> int:
-    from .benchmarks import get_problem
+    from .evaluation import get_problem
     from .evaluation import evaluate_text
     from .executors.factory import make_executor
 
@@ -84,7 +84,7 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .benchmarks import test_problems
+    from .evaluation import test_problems
     from .evaluation import baseline_workflow, evaluate_many, summarize
     from .executors.factory import make_executor
 

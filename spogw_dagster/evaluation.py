@@ -28,6 +28,48 @@ BASELINE_INSTRUCTIONS = {
 SC_SAMPLES = 3
 
 
+def get_problem(benchmark: str, query_id: str, *, path: str | None = None) -> Problem:
+    """One query by id, from the benchmark's file (or its train file, where it has one)."""
+    from .benchmarks import get_spec, load_benchmark
+
+    spec = get_spec(benchmark)
+    pools = [spec.name] + ([spec.train_dataset] if spec.train_dataset else [])
+    for name in pools:
+        for p in load_benchmark(name, path if name == spec.name else None):
+            if p.id == query_id:
+                return p
+    sample = ", ".join(p.id for p in load_benchmark(spec.name, path)[:3])
+    raise LookupError(f"no query {query_id!r} in {benchmark}; ids look like: {sample}")
+
+
+def default_split_sizes(benchmark: str, *, path: str | None = None) -> tuple[int, int, int]:
+    """(train, val, test): at most 100 train queries (the paper's d), 10% validation, the rest test."""
+    from .benchmarks import get_spec, load_benchmark
+
+    spec = get_spec(benchmark)
+    total = len(load_benchmark(spec.name, path))
+    if spec.train_dataset:  # train comes from its own file
+        n_val = min(50, total // 10)
+        return 100, n_val, total - n_val
+    n_train = min(100, int(total * 0.4))
+    n_val = min(50, total // 10)
+    return n_train, n_val, total - n_train - n_val
+
+
+def test_problems(benchmark: str, *, limit: int | None = None, seed: int = 0, path: str | None = None) -> list[Problem]:
+    """The first `limit` queries of the benchmark's test split (deterministic for a seed)."""
+    from .benchmarks import load_split_problems, make_benchmark_splits
+
+    n_train, n_val, n_test = default_split_sizes(benchmark, path=path)
+    splits = make_benchmark_splits(benchmark, seed, n_train, n_val, n_test, path=path)
+    problems = load_split_problems(splits, "test", path=path)
+    if limit is not None:
+        if limit < 1:
+            raise ValueError("--limit must be >= 1")
+        problems = problems[:limit]
+    return problems
+
+
 def baseline_workflow(family: str, method: str) -> str:
     """Static baselines (AFlow's IO, CoT, CoT-SC) written in the workflow language itself."""
     op = {"code": "code_generate", "math": "custom", "qa": "custom"}[family]

@@ -243,14 +243,12 @@ class Spawned:
     started: float = field(default_factory=time.monotonic)
 
     def kill(self) -> None:
+        # os.killpg, not proc.kill(): Popen.send_signal polls first, and that poll can reap the exited child
+        # before asyncio's child watcher does, which then reports a bogus returncode 255.
         if self.proc.returncode is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
                 pass
 
     async def close(self) -> None:

@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from ..benchmarks import (build_public_test_program, extract_code, extract_math_answer, extract_qa_answer,
+                          normalize_answer, parse_public_test_results, solution_code)
 from ..isolation import Isolation, Limits, run_code
 from ..types import Problem, SamplingParams
 from .template import OPERATORS
@@ -52,49 +54,14 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
 
 
-_BOXED = re.compile(r"\\boxed\s*\{")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
-
-
-def last_boxed(text: str) -> str | None:
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    if not starts:
-        return None
-    i, depth, out = starts[-1], 1, []
-    while i < len(text):
-        ch = text[i]
-        depth += ch == "{"
-        depth -= ch == "}"
-        if depth == 0:
-            return "".join(out).strip()
-        out.append(ch)
-        i += 1
-    return None
-
-
-def code_block(text: str) -> str:
-    """The last fenced python block, else the text from the first def/import on."""
-    blocks = _FENCE.findall(text)
-    if blocks:
-        return max(blocks, key=len).strip() + "\n"
-    m = re.search(r"^(?:from |import |def )", text, re.MULTILINE)
-    return (text[m.start():] if m else text).strip() + "\n"
-
-
 def vote_key(family: str, text: str) -> str:
     """What two solutions must share to count as the same answer in self-consistency voting."""
     if family == "math":
-        boxed = last_boxed(text)
-        if boxed is not None:
-            return boxed.replace(" ", "")
-        nums = _NUMBER.findall(text)
-        return nums[-1].replace(",", "") if nums else text.strip().lower()
+        ans, _ = extract_math_answer(text)
+        return (ans or text.strip()).replace(" ", "")
     if family == "qa":
-        m = re.findall(r"answer\s*:\s*(.+)", text, re.IGNORECASE)
-        ans = m[-1] if m else text.strip().splitlines()[-1] if text.strip() else ""
-        return " ".join(re.sub(r"[^\w\s]", " ", ans.lower()).split())
-    return " ".join(code_block(text).split())
+        return normalize_answer(extract_qa_answer(text))
+    return " ".join((extract_code(text) or text).split())
 
 
 class Operators:
@@ -176,7 +143,7 @@ class Operators:
         text = await self._chat(
             f"{instruction}\n\nComplete this Python function:\n\n```python\n{self.problem.question}\n```\n\n"
             f"{ANSWER_HINT['code']}")
-        return code_block(text)
+        return solution_code(self.problem, text) or text
 
     async def op_programmer(self, analysis: str = "") -> str:
         feedback = ""
@@ -186,7 +153,7 @@ class Operators:
                 f"Write a Python program that computes and prints the final answer to this problem.\n\n"
                 f"Problem: {self.problem.question}\n\nAnalysis: {analysis or 'None'}\n{feedback}\n"
                 f"Reply with the program in one ```python code block; it must print the answer.")
-            code = code_block(text)
+            code = extract_code(text) or text
             res = await run_code(code, self.iso, self.cfg.code_limits)
             out = res.stdout.strip()[-2000:]
             if res.status.value == "ok" and res.returncode == 0 and out:
@@ -219,21 +186,21 @@ class Operators:
             f"{ANSWER_HINT[self.family]}")
 
     async def op_test(self, solution: str) -> str:
-        from ..benchmarks import public_test_program  # late import: benchmarks import scoring libraries
-
         tests = self.problem.public_tests
         if not tests:
             return solution
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
-            res = await run_code(public_test_program(self.problem, current), self.iso, self.cfg.code_limits)
+            res = await run_code(build_public_test_program(self.problem, current), self.iso, self.cfg.code_limits)
             if res.status.value == "ok" and res.returncode == 0:
                 return current
             if round_ == self.cfg.test_fix_rounds:
                 break
-            failure = (res.error or res.stderr.strip()[-500:] or "a test failed")[-800:]
+            failed = [r for r in parse_public_test_results(res.stdout) if not r["passed"]]
+            failure = "; ".join(f"{r['test']} -> {r['error']}" for r in failed[:3]) or res.error or "a test failed"
+            failure = failure[-800:]
             text = await self._chat(
                 f"This Python solution fails a test.\n\n```python\n{current}\n```\n\nTests:\n" + "\n".join(tests)
                 + f"\n\nError: {failure}\n\nFix the function. {ANSWER_HINT['code']}")
-            current = code_block(text)
+            current = solution_code(self.problem, text) or current
         return solution  # nothing passed: the fixes are no better than what we were given
