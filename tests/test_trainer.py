@@ -1,0 +1,308 @@
+"""LoRA trainer: config validation, batch mechanics on a tiny random model, and the learning test on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spogw_dagster.core.config import ConfigError
+from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
+from spogw_dagster.core.trainer import (
+    ADAPTER_FILES,
+    STATS_FILE,
+    TrainConfig,
+    TrainExample,
+    score_examples,
+    train_lora,
+)
+
+PROMPT = "Write the body of a workflow for the task.\nTask: add two numbers.\n"
+# A sharpened group of 4 short workflows: two above the group mean, two below.
+GROUP = [
+    ("    a = generate(q)\n    return a\n", 1.0),
+    ("    s = ensemble(q, 3)\n    return s\n", 1.0),
+    ("    pass\n", -1.0),
+    ("    x = review(q)\n", -1.0),
+]
+
+
+def _examples(scores=(1.0, 0.9, 0.1, 0.0)) -> list[TrainExample]:
+    return [
+        TrainExample(PROMPT, c, advantage=a, score=s, group_id="q1")
+        for (c, a), s in zip(GROUP, scores)
+    ]
+
+
+def _tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Llama with SmolLM2's tokenizer: fast, for mechanics (not quality)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spogw_dagster.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# config
+
+
+def test_config_validation():
+    TrainConfig()  # defaults are valid
+    bad = [
+        dict(lora_r=0),
+        dict(lora_dropout=1.0),
+        dict(target_modules=()),
+        dict(learning_rate=0),
+        dict(epochs=0),
+        dict(batch_size=0),
+        dict(grad_accum=0),
+        dict(max_grad_norm=-1.0),
+        dict(clip_eps=1.5),
+        dict(beta=-0.1),
+        dict(objective="ppo"),
+        dict(ref_mode="sft"),
+        dict(init="resume"),
+        dict(old_logprobs="sampler"),
+        dict(lr_scheduler="step"),
+        dict(temperature=0.0),
+        dict(seed=1.5),
+        dict(dtype="int8"),
+    ]
+    for kw in bad:
+        with pytest.raises(ConfigError):
+            TrainConfig(**kw)
+    with pytest.raises(ConfigError, match="unknown field"):
+        TrainConfig.from_dict({"lr": 1e-4})
+    c = TrainConfig.from_dict({"learning_rate": 3e-4, "target_modules": ["q_proj"]})
+    assert c.target_modules == ("q_proj",)
+    assert TrainConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert TrainConfig(objective="grpo_nokl").needs_ref is False
+    assert TrainConfig(objective="spogw", beta=0.0).needs_ref is False
+    assert TrainConfig(objective="score_dpo").needs_old is False
+
+
+# ---------------------------------------------------------------------------------------------------
+# batch mechanics
+
+
+def test_completion_batch_layout():
+    b = build_completion_batch([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], pad_id=0)
+    assert b.prompt_len == 3 and b.completion_len == 3
+    assert b.input_ids.tolist() == [[5, 6, 7, 1, 2, 0], [0, 0, 8, 3, 4, 9]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert b.position_ids[1, 2:].tolist() == [0, 1, 2, 3]
+    assert b.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert b.completion_ids.tolist() == [[1, 2, 0], [3, 4, 9]]
+    with pytest.raises(ValueError, match="prompt"):
+        build_completion_batch([[]], [[1]], 0)
+    with pytest.raises(ValueError, match="completion"):
+        build_completion_batch([[1]], [[]], 0)
+
+
+def test_logprobs_do_not_depend_on_padding(tiny_model):
+    """A row's completion log-probs are the same alone and in a padded batch; padding gets 0."""
+    from spogw_dagster.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_model)
+    prompts, comps = [[11, 12, 13, 14], [21]], [[31, 32], [41, 42, 43, 44]]
+    with torch.no_grad():
+        both = completion_logprobs(model, build_completion_batch(prompts, comps, 0))
+        for i in range(2):
+            alone = completion_logprobs(model, build_completion_batch([prompts[i]], [comps[i]], 0))
+            n = len(comps[i])
+            assert torch.allclose(both[i, :n], alone[0, :n], atol=1e-5)
+            assert torch.all(both[i, n:] == 0)
+        # reference: plain forward of the unpadded sequence, log-softmax of the next-token logits
+        seq = torch.tensor([prompts[1] + comps[1]])
+        ref = torch.log_softmax(model(seq).logits[0, :-1].float(), -1)
+        ref = ref[torch.arange(len(seq[0]) - 1), seq[0, 1:]][-len(comps[1]) :]
+        assert torch.allclose(both[1], ref, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# trainer mechanics on the tiny model
+
+
+@pytest.mark.parametrize("objective", ["spogw", "grpo", "grpo_nokl", "score_dpo", "rwr"])
+def test_each_objective_trains_and_saves(tiny_model, tmp_path, objective):
+    cfg = TrainConfig(objective=objective, epochs=2, batch_size=2, grad_accum=2, learning_rate=1e-2,
+                      lr_scheduler="linear", warmup_steps=1, seed=3)
+    res = train_lora(_examples(), cfg, tmp_path / "out", base_model=tiny_model)
+    d = res.adapter_dir
+    assert d == (tmp_path / "out").resolve() and not res.reused
+    for f in (*ADAPTER_FILES, STATS_FILE):
+        assert (d / f).is_file(), f
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    acfg = json.loads((d / "adapter_config.json").read_text())
+    assert acfg["r"] == 8 and sorted(acfg["target_modules"]) == ["q_proj", "v_proj"]
+    stats = json.loads((d / STATS_FILE).read_text())
+    assert stats["config"]["objective"] == objective and len(stats["run_hash"]) == 64
+    assert len(stats["steps"]) == 2  # 2 epochs x (4 rows / (2 per batch x 2 accum))
+    for st in stats["steps"]:
+        for k in ("loss", "policy_loss", "kl_loss", "clip_frac", "grad_norm", "lr", "tokens"):
+            assert k in st and st[k] == st[k], k  # present and not NaN
+    assert stats["steps"][0]["lr"] < cfg.learning_rate  # warmup
+    tensors = _tensors(d)
+    assert tensors and all("lora_" in k for k in tensors)
+    assert any(float(t.abs().sum()) > 0 for k, t in tensors.items() if "lora_B" in k)  # B moved from 0
+
+
+def test_same_seed_same_adapter_and_reuse(tiny_model, tmp_path):
+    cfg = TrainConfig(epochs=2, batch_size=2, learning_rate=1e-2, lora_dropout=0.1, seed=11)
+    a = train_lora(_examples(), cfg, tmp_path / "a", base_model=tiny_model)
+    b = train_lora(_examples(), cfg, tmp_path / "b", base_model=tiny_model)
+    ta, tb = _tensors(a.adapter_dir), _tensors(b.adapter_dir)
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    assert a.stats["run_hash"] == b.stats["run_hash"]
+    c = train_lora(_examples(), TrainConfig(epochs=2, batch_size=2, learning_rate=1e-2, lora_dropout=0.1, seed=12),
+                   tmp_path / "c", base_model=tiny_model)
+    assert any(not torch.equal(ta[k], _tensors(c.adapter_dir)[k]) for k in ta)
+    # same config and data into the same folder: the finished run is reused, not retrained
+    again = train_lora(_examples(), cfg, tmp_path / "a", base_model=tiny_model)
+    assert again.reused and again.stats["run_hash"] == a.stats["run_hash"]
+    # other data into the same folder: retrained and replaced atomically
+    other = train_lora(_examples(scores=(1.0, 1.0, 0.0, 0.0))[:3], cfg, tmp_path / "a", base_model=tiny_model)
+    assert not other.reused and other.stats["n_examples"] == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+
+
+def test_continue_and_restart_from_previous_adapter(tiny_model, tmp_path):
+    cfg = TrainConfig(epochs=3, batch_size=4, learning_rate=5e-2, seed=1)
+    first = train_lora(_examples(), cfg, tmp_path / "it1", base_model=tiny_model)
+    cont = train_lora(
+        _examples(), TrainConfig(epochs=1, batch_size=4, learning_rate=1e-2, seed=1, ref_mode="previous"),
+        tmp_path / "it2", base_model=tiny_model, previous_adapter=first.adapter_dir,
+    )
+    # π_old and π_ref are the previous policy and training continues from it: step 0 has ρ = 1 and KL = 0
+    s0 = cont.stats["steps"][0]
+    assert s0["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and s0["kl"] == pytest.approx(0.0, abs=1e-6)
+    restart = train_lora(
+        _examples(), TrainConfig(epochs=1, batch_size=4, learning_rate=1e-2, seed=1, init="restart"),
+        tmp_path / "it2r", base_model=tiny_model, previous_adapter=first.adapter_dir,
+    )
+    # a fresh adapter starts at the base model, while π_old is still the previous adapter: ρ != 1
+    assert abs(restart.stats["steps"][0]["ratio_mean"] - 1.0) > 1e-4
+    assert cont.stats["previous_adapter"] == str(first.adapter_dir)
+    assert cont.stats["hashes"]["previous_adapter"] is not None
+    with pytest.raises(ConfigError, match="init='restart'"):
+        train_lora(_examples(), TrainConfig(lora_r=4), tmp_path / "bad", base_model=tiny_model,
+                   previous_adapter=first.adapter_dir)
+
+
+def test_bad_training_inputs(tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="no training examples"):
+        train_lora([], TrainConfig(), tmp_path / "x", base_model=tiny_model)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        train_lora(_examples(), TrainConfig(old_logprobs="data"), tmp_path / "x", base_model=tiny_model)
+    ex = _examples()
+    ex[0].old_logprobs = [-1.0, -2.0]
+    ex[0].completion_token_ids = [1, 2, 3]
+    for e in ex[1:]:
+        e.old_logprobs, e.completion_token_ids = [-1.0], [5]
+    with pytest.raises(ValueError, match="2 old_logprobs for 3"):
+        train_lora(ex, TrainConfig(old_logprobs="data"), tmp_path / "x", base_model=tiny_model)
+    with pytest.raises(ValueError, match="needs a finite score"):
+        train_lora([TrainExample(PROMPT, "x", 1.0)], TrainConfig(objective="rwr"), tmp_path / "x",
+                   base_model=tiny_model)
+    with pytest.raises(ValueError, match="completion has no tokens"):
+        train_lora([TrainExample(PROMPT, "", 1.0)], TrainConfig(), tmp_path / "x", base_model=tiny_model)
+    assert not (tmp_path / "x").exists()
+
+
+def test_crash_while_saving_leaves_no_adapter(tiny_model, tmp_path, monkeypatch):
+    from peft import PeftModel
+
+    def broken_save(self, path, **kw):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "adapter_config.json").write_text("{half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(PeftModel, "save_pretrained", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        train_lora(_examples(), TrainConfig(), tmp_path / "out", base_model=tiny_model)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# THE LEARNING TEST: the real bundled SmolLM2
+
+
+@pytest.mark.model
+def test_learning_raises_positive_and_lowers_negative_workflows(tmp_path):
+    """ioGRPO + mKL on a sharpened group (+, +, −, −): a few optimizer steps raise the log-prob of the
+    positive-advantage workflows and lower the others; the saved adapter reloads with peft and gives
+    the trained log-probs; a second run with the same seed gives the same tensors."""
+    ex = _examples()
+    cfg = TrainConfig(objective="spogw", beta=0.1, learning_rate=2e-3, epochs=3, batch_size=4, seed=0)
+    res = train_lora(ex, cfg, tmp_path / "adapter", base_model="smollm2")
+    stats = res.stats
+    assert stats["summary"]["optimizer_steps"] == 3
+    before = [r["mean_logp_before"] for r in stats["examples"]]
+    after = [r["mean_logp_after"] for r in stats["examples"]]
+    for (_, adv), b, a in zip(GROUP, before, after):
+        if adv > 0:
+            assert a > b + 0.05, (adv, b, a)
+        else:
+            assert a < b - 0.05, (adv, b, a)
+    assert stats["summary"]["delta_mean_logp_positive"] > 0 > stats["summary"]["delta_mean_logp_negative"]
+
+    # "before" really is the base model (no previous adapter): recompute it independently
+    base_lp = score_examples(ex, "smollm2")
+    assert [sum(x) / len(x) for x in base_lp] == pytest.approx(before, abs=1e-4)
+    # the saved adapter, loaded by peft, reproduces the trained log-probs
+    from peft import PeftConfig
+
+    assert PeftConfig.from_pretrained(str(res.adapter_dir)).r == cfg.lora_r
+    reloaded = score_examples(ex, "smollm2", adapter_path=res.adapter_dir)
+    assert [sum(x) / len(x) for x in reloaded] == pytest.approx(after, abs=1e-4)
+
+    again = train_lora(ex, cfg, tmp_path / "adapter2", base_model="smollm2")
+    t1, t2 = _tensors(res.adapter_dir), _tensors(again.adapter_dir)
+    assert all(torch.equal(t1[k], t2[k]) for k in t1)
+
+
+@pytest.mark.model
+def test_sampler_logprobs_serve_as_pi_old(tmp_path):
+    """Sampler log-probs (data) and the trainer's recomputation agree: with old_logprobs='data' at the
+    sampling temperature, the first step's ratio is 1 and nothing is clipped."""
+    from spogw_dagster.core.sampling import SamplingParams, TransformersSampler
+
+    s = TransformersSampler("smollm2", batch_size=4, seed=0)
+    out = s.generate([PROMPT], SamplingParams(temperature=0.8, max_tokens=8), n=4)[0]
+    ex = [
+        TrainExample(PROMPT, r.text, advantage=adv, old_logprobs=r.logprobs,
+                     prompt_token_ids=r.prompt_token_ids, completion_token_ids=r.token_ids)
+        for r, adv in zip(out, (1.0, 0.5, -0.5, -1.0))
+    ]
+    cfg = TrainConfig(old_logprobs="data", temperature=0.8, epochs=1, batch_size=4, learning_rate=1e-4)
+    res = train_lora(ex, cfg, tmp_path / "a", base_model="smollm2")
+    s0 = res.stats["steps"][0]
+    assert s0["ratio_mean"] == pytest.approx(1.0, abs=2e-3) and s0["clip_frac"] == 0.0
