@@ -84,11 +84,11 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .evaluation import test_problems
+    from .evaluation import held_out_problems
     from .evaluation import baseline_workflow, evaluate_many, summarize
     from .executors.factory import make_executor
 
-    problems = test_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
+    problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     code = baseline_workflow(problems[0].family, args.method)
     iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
     executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,

