@@ -164,8 +164,10 @@ def runner_path() -> Path:
         return Path(__file__).resolve().parent.parent / "sandbox" / "runner.py"
 
 
-def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]]) -> list[str]:
-    """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path)."""
+def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]],
+          uid: int | None = None) -> list[str]:
+    """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path).
+    uid: the unprivileged uid the code runs as under bwrap-as-root (fresh per run by default)."""
     if iso.kind == "bwrap":
         prefix = sys.base_prefix
         cmd = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -194,7 +196,7 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
                 "--setenv", "PYTHONHASHSEED", "0"]
         for host, inside in binds:
             cmd += ["--ro-bind", host, inside]
-        uid = str(random.SystemRandom().randrange(200_000, 2_000_000))  # fresh uid: its own process count
+        uid = str(uid if uid is not None else fresh_uid())
         if iso.setpriv:  # root: no user namespace; drop to the fresh uid with no capabilities at all
             cmd += ["--", iso.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps", "-all",
                     "--bounding-set", "-all", "--no-new-privs", "--"]
@@ -215,6 +217,14 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
         argv = ["python" if a == sys.executable else a for a in argv]
         return cmd + [DOCKER_IMAGE] + argv
     return list(argv)
+
+
+SANDBOX_UID_RANGE = (200_000, 2_000_000)
+
+
+def fresh_uid() -> int:
+    """A uid no account uses, so that RLIMIT_NPROC counts only this run's processes."""
+    return random.SystemRandom().randrange(*SANDBOX_UID_RANGE)
 
 
 def _preexec(limits: Limits, kind: str):
@@ -240,6 +250,7 @@ def scrubbed_env() -> dict[str, str]:
 class Spawned:
     proc: asyncio.subprocess.Process
     scratch: tempfile.TemporaryDirectory | None
+    uid: int | None = None  # the uid the sandboxed code runs as (bwrap as root), for auditing
     started: float = field(default_factory=time.monotonic)
 
     def kill(self) -> None:
@@ -262,7 +273,8 @@ class Spawned:
 
 
 async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]] = ()) -> Spawned:
-    cmd = _wrap(iso, argv, limits, list(ro_files))
+    uid = fresh_uid() if iso.kind == "bwrap" and iso.setpriv else None
+    cmd = _wrap(iso, argv, limits, list(ro_files), uid)
     scratch = None
     cwd = None
     if iso.kind == "none":
@@ -272,7 +284,7 @@ async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[
         *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=scrubbed_env(), cwd=cwd, preexec_fn=_preexec(limits, iso.kind), limit=limits.max_output_bytes,
     )
-    return Spawned(proc, scratch)
+    return Spawned(proc, scratch, uid)
 
 
 def signal_status(returncode: int | None) -> Status | None:

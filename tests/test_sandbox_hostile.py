@@ -88,8 +88,29 @@ def no_side_effects():
     assert not os.path.exists("/root/pwned")
 
 
+SPAWNED_UIDS: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def record_sandbox_uids(monkeypatch):
+    """Remember the uid of every sandbox this test starts (other processes on the machine may run sandboxes too)."""
+    import spogw_dagster.isolation as isolation
+    import spogw_dagster.workflow.runtime as runtime
+
+    real = isolation.spawn
+
+    async def spawn(*a, **kw):
+        sp = await real(*a, **kw)
+        if sp.uid is not None:
+            SPAWNED_UIDS.add(sp.uid)
+        return sp
+
+    monkeypatch.setattr(isolation, "spawn", spawn)
+    monkeypatch.setattr(runtime, "spawn", spawn)
+
+
 def sandbox_processes() -> list[str]:
-    """Processes running under a sandbox uid (isolation.py draws them from 200000..1999999)."""
+    """Processes still running under a uid of a sandbox that this test module started."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -97,7 +118,7 @@ def sandbox_processes() -> list[str]:
                 uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
         except (OSError, StopIteration, ValueError):
             continue
-        if 200_000 <= uid < 2_000_000:
+        if uid in SPAWNED_UIDS:
             found.append(pid)
     return found
 
