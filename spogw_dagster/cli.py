@@ -57,16 +57,22 @@ def _fail(msg: str, as_json: bool, code: int = 2) -> int:
     return code
 
 
-async def _exec_workflow(args) -> int:
-    from .evaluation import get_problem
-    from .evaluation import evaluate_text
+def _sandbox_and_executor(args):
+    """The isolation (refusing early if none) and the executor the common options ask for."""
     from .executors.factory import make_executor
 
-    problem = get_problem(args.benchmark, args.query, path=args.data_path)
-    text = Path(args.workflow).read_text()
     iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
     executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,
                              use_cache=not args.no_cache, api_key_env=args.api_key_env)
+    return iso, executor
+
+
+async def _exec_workflow(args) -> int:
+    from .evaluation import evaluate_text, get_problem
+
+    problem = get_problem(args.benchmark, args.query, path=args.data_path)
+    text = Path(args.workflow).read_text()
+    iso, executor = _sandbox_and_executor(args)
     try:
         res = await evaluate_text(text, problem, executor, iso, runs=args.runs, seed=args.seed)
     finally:
@@ -84,15 +90,11 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .evaluation import held_out_problems
-    from .evaluation import baseline_workflow, evaluate_many, summarize
-    from .executors.factory import make_executor
+    from .evaluation import baseline_workflow, evaluate_many, held_out_problems, summarize
 
     problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     code = baseline_workflow(problems[0].family, args.method)
-    iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
-    executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,
-                             use_cache=not args.no_cache, api_key_env=args.api_key_env)
+    iso, executor = _sandbox_and_executor(args)
     try:
         results = await evaluate_many(code, problems, executor, iso, concurrency=args.concurrency, seed=args.seed)
     finally:
