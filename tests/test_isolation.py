@@ -1,0 +1,63 @@
+"""How sandboxed processes are started: the command lines per isolation kind, and the opt-out path."""
+
+import sys
+
+import pytest
+
+from spogw_dagster.isolation import DOCKER_IMAGE, Isolation, Limits, _wrap, detect_isolation, run_code, signal_status
+from spogw_dagster.types import Status
+
+LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=512, nproc=8, scratch_mb=32, fsize_mb=4, nofile=32)
+
+
+def test_docker_command_isolates_network_filesystem_privileges_and_resources():
+    cmd = _wrap(Isolation("docker"), [sys.executable, "-I", "-S", "/sandbox/runner.py"], LIMITS,
+                [("/host/runner.py", "/sandbox/runner.py")])
+    joined = " ".join(cmd)
+    for flag in ("--network none", "--read-only", "--cap-drop ALL", "--security-opt no-new-privileges",
+                 "--pids-limit 8", "--memory 512m", "--user 65534:65534", "--tmpfs /tmp:rw,size=32m,mode=1777",
+                 "--ulimit cpu=3", "--rm -i"):
+        assert flag in joined, flag
+    # the image carries its own runner and python; nothing from the host is mounted for a workflow run
+    assert "-v" not in cmd
+    assert cmd[cmd.index(DOCKER_IMAGE) + 1:] == ["python", "-I", "-S", "/sandbox/runner.py"]
+
+
+def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
+    iso = Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv")
+    cmd = _wrap(iso, ["python3", "-c", "pass"], LIMITS, [], uid=1234567)
+    joined = " ".join(cmd)
+    for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--clearenv", "--ro-bind /usr /usr",
+                 f"--size {32 * 1024 * 1024} --perms 1777 --tmpfs /tmp",
+                 "--reuid 1234567 --regid 1234567 --clear-groups --inh-caps -all --bounding-set -all --no-new-privs"):
+        assert flag in joined, flag
+    assert "--bind " not in joined  # nothing of the host is mounted writable
+    assert cmd[-3:] == ["python3", "-c", "pass"]
+
+
+def test_bwrap_command_without_root_uses_a_user_namespace():
+    cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [])
+    assert "--unshare-user" in cmd and "--cap-drop" in cmd and "setpriv" not in " ".join(cmd)
+
+
+async def test_unsandboxed_opt_in_still_scrubs_env_and_applies_limits(monkeypatch):
+    monkeypatch.setenv("SPOGW_SECRET_FOR_TEST", "hunter2")
+    iso = detect_isolation("none", allow_unsandboxed=True)
+    res = await run_code("import os\nprint(sorted(os.environ))\nprint(os.getcwd())", iso, LIMITS)
+    assert res.status == Status.OK and res.isolation == "none"
+    assert "SPOGW_SECRET_FOR_TEST" not in res.stdout and "hunter2" not in res.stdout
+    assert "spogw-run-" in res.stdout  # a private temp working directory
+    loop = await run_code("while True: pass", iso, LIMITS)
+    assert loop.status == Status.TIMEOUT
+
+
+def test_signal_status_maps_cpu_limit_to_timeout_and_kills_to_runtime_error():
+    assert signal_status(-24) == Status.TIMEOUT  # SIGXCPU
+    assert signal_status(128 + 24) == Status.TIMEOUT  # as bwrap reports a child's signal
+    assert signal_status(-9) == Status.RUNTIME_ERROR
+    assert signal_status(0) is None and signal_status(1) is None
+
+
+def test_unknown_isolation_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown isolation 'chroot'"):
+        detect_isolation("chroot")
