@@ -28,7 +28,7 @@ def _file_digest(path: Path) -> str:
 class EmbeddedExecutor:
     """`Executor` on a local GGUF file (default: the bundled SmolLM2). `model` names the file's content."""
 
-    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 4096,
+    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192,
                  n_threads: int | None = None):
         path = Path(gguf_path) if gguf_path else smollm2_gguf()
         if not path.is_file():
