@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see spogw_dagster/models.py
+
 import importlib.util
 
 import pytest
@@ -67,12 +71,12 @@ def test_shapes_and_fields(sampler):
 
 
 def test_same_seed_same_samples_other_seed_differs(sampler):
-    p = SamplingParams(temperature=1.0, max_tokens=8, seed=7)
+    p = SamplingParams(temperature=1.0, max_tokens=6, seed=7)
     a = sampler.generate(PROMPTS, p, n=2)
     b = sampler.generate(PROMPTS, p, n=2)
     assert [[r.token_ids for r in row] for row in a] == [[r.token_ids for r in row] for row in b]
     assert [[r.logprobs for r in row] for row in a] == [[r.logprobs for r in row] for row in b]
-    c = sampler.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=8, seed=8), n=2)
+    c = sampler.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=6, seed=8), n=2)
     assert [[r.token_ids for r in row] for row in a] != [[r.token_ids for r in row] for row in c]
 
 
@@ -105,14 +109,14 @@ def test_temperature_changes_reported_logprobs(sampler):
 
 
 def test_stop_strings(sampler):
-    p = SamplingParams(temperature=0.0, max_tokens=24, stop=("\n",))
+    p = SamplingParams(temperature=0.0, max_tokens=12, stop=("\n",))
     out = sampler.generate(["def add(a, b):\n    return", "Count: 1, 2, 3,"], p)
     for (r,) in out:
         assert "\n" not in r.text
         if r.finish_reason == "stop" and r.stop_reason == "\n":
             # the stop string is not in the text but its token is among the sampled ones
             assert "\n" in sampler.tokenizer.decode(r.token_ids)
-            assert len(r.token_ids) < 24
+            assert len(r.token_ids) < 12
     first = out[0][0]
     assert first.finish_reason == "stop", first
 
@@ -135,7 +139,7 @@ def test_batch_size_one_matches_logprob_convention(sampler):
 
 def test_adapter_changes_samples_and_logprobs(sampler, random_adapter):
     with_adapter = TransformersSampler("smollm2", adapter_path=random_adapter, batch_size=8, seed=123)
-    p = SamplingParams(temperature=0.0, max_tokens=8)
+    p = SamplingParams(temperature=0.0, max_tokens=6)
     base = sampler.generate(PROMPTS, p)
     ada = with_adapter.generate(PROMPTS, p)
     assert [r[0].logprobs for r in base] != [r[0].logprobs for r in ada]
