@@ -1,0 +1,385 @@
+"""Typed, validated configuration of the pipeline, and its hash.
+
+One `SpogwConfig` describes a whole run of the loop: the benchmark and its splits, the generator (the model
+being trained), the executor (the model the workflows call), how workflows are executed and rewarded,
+curation (m, n, t, ...), LoRA training, the held-out report and the number of iterations.
+
+It is plain pydantic (no Dagster) so that the CLI, tests and the Dagster resources share it. Profiles
+(`profiles.py`) are partial mappings over the defaults; a YAML file may name a `profile:` to start from and
+override any field. Every error names the field and the fix (`ConfigValidationError`). The training-core
+configs (`CurationConfig`, `TrainConfig`) validate again on construction, so their rules (m >= n >= 2t,
+beta >= 0, ...) are enforced here too, with their own messages.
+
+`config_hash` is the sha256 of the canonical JSON of the whole config; `section_hash` covers only the sections
+an asset depends on (its code version uses it, so changing e.g. the report's baselines does not make the
+sampled workflows stale).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigValidationError",
+    "SpogwConfig",
+    "load_config",
+    "config_hash",
+    "section_hash",
+    "ASSET_SECTIONS",
+]
+
+
+class ConfigValidationError(ValueError):
+    """The configuration is invalid; the message lists every problem with its field path."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BenchmarkSection(_Section):
+    """Which benchmark; d training queries and h held-out (test) queries from its deterministic splits.
+
+    Training queries are the first `train_queries` of the train split and held-out queries the first
+    `heldout_queries` of the test split, both made with `split_seed` and the default split sizes (the same
+    test queries `spogw baseline --limit h` scores)."""
+
+    name: str = "humaneval"
+    data_path: str | None = None
+    split_seed: int = 0
+    train_queries: int = Field(10, ge=1)
+    heldout_queries: int = Field(20, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from spogw_dagster.benchmarks import get_spec
+
+        try:
+            return get_spec(v).name
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+
+
+class GeneratorSection(_Section):
+    """The policy being trained: the bundled model ("smollm2") or a local Hugging Face folder."""
+
+    model: str = "smollm2"
+    backend: Literal["transformers", "vllm", "auto"] = "transformers"
+    temperature: float = Field(1.0, gt=0, le=5)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(128, ge=1)
+    batch_size: int = Field(8, ge=1)
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, v: str) -> str:
+        from spogw_dagster.models import ALIASES
+
+        if v.lower() in ALIASES:
+            return v.lower()
+        p = Path(v).expanduser()
+        if p.suffix == ".gguf" and p.is_file():
+            return str(p)
+        if not p.is_dir():
+            raise ValueError(
+                f"generator model {v!r} is neither an alias ({', '.join(ALIASES)}) nor an existing local folder; "
+                "fix: pass the path of a Hugging Face model folder (config.json + weights + tokenizer)"
+            )
+        return str(p.resolve())
+
+
+class ExecutorSection(_Section):
+    """The LLM the workflows call: the embedded bundled model (url unset) or an OpenAI-compatible endpoint.
+
+    temperature/top_p/max_tokens are the operators' sampling parameters (each call is seeded, so cached)."""
+
+    url: str | None = None
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = Field(8, ge=1)
+    timeout_s: float = Field(120.0, gt=0)
+    cache: bool = True
+    cache_file: str = "call_cache.sqlite"  # relative paths are under the assets directory
+    temperature: float = Field(0.7, ge=0, le=5)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(384, ge=1)
+
+    @model_validator(mode="after")
+    def _url_and_model(self) -> "ExecutorSection":
+        if self.url and not self.model:
+            raise ValueError("executor.url needs executor.model (the model name the endpoint serves)")
+        if self.model and not self.url:
+            raise ValueError("executor.model without executor.url: give the endpoint URL too, or unset both "
+                             "for the embedded model")
+        return self
+
+
+class ExecutionSection(_Section):
+    """How each workflow runs: R runs averaged, in the sandbox, a few at a time."""
+
+    runs: int = Field(1, ge=1)
+    concurrency: int = Field(2, ge=1)
+    isolation: Literal["auto", "bwrap", "docker", "none"] = "auto"
+    allow_unsandboxed: bool = False
+    wall_s: float = Field(180.0, gt=0)
+    seed: int = 0
+    max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # the asset check's threshold
+
+
+class RewardSection(_Section):
+    """FloWright-style reward ladder: r = format·w_f + valid·w_v + executes·w_e + answer·w_a.
+
+    format: code was found; valid: it passed the validator; executes: it ran to a result (status ok);
+    answer: the benchmark metric (mean over runs). Weights are >= 0 and sum to at most 1 so r stays in [0, 1].
+    The default (answer only) is the plain benchmark score."""
+
+    format: float = Field(0.0, ge=0, le=1)
+    valid: float = Field(0.0, ge=0, le=1)
+    executes: float = Field(0.0, ge=0, le=1)
+    answer: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _sum(self) -> "RewardSection":
+        total = self.format + self.valid + self.executes + self.answer
+        if total > 1.0 + 1e-9:
+            raise ValueError(f"reward weights sum to {total:g} > 1; scores must stay in [0, 1]: lower them")
+        return self
+
+
+class CurationSection(_Section):
+    """Mirrors `core.config.CurationConfig` (see it for the meaning and defaults); validated by it too."""
+
+    m: int = 16
+    n: int = 14
+    t: int = 4
+    g_max: int = 120
+    tau_sim: float = 0.95
+    tau_std: float = 0.05
+    adv_eps: float = 1e-4
+    std_ddof: int = 0
+    dedup_sharpened_groups: bool = False
+    seed: int = 0
+
+    def core(self):
+        from spogw_dagster.core.config import CurationConfig
+
+        return CurationConfig(**self.model_dump())
+
+
+class TrainingSection(_Section):
+    """LoRA training; fields are those of `core.trainer.TrainConfig` (validated by it). The training temperature
+    is not set here: it is the generator's sampling temperature, so π_old matches the sampler."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    lora_r: int = 8
+    lora_alpha: int = 16
+    learning_rate: float = 1e-4
+    epochs: int = 1
+    batch_size: int = 4
+    grad_accum: int = 1
+    objective: str = "spogw"
+    beta: float = 0.1
+    clip_eps: float = 0.2
+    ref_mode: str = "base"
+    init: str = "continue"
+    old_logprobs: str = "recompute"
+    seed: int = 0
+
+    def core(self, temperature: float, dtype: str = "float32"):
+        from spogw_dagster.core.trainer import TrainConfig
+
+        d = self.model_dump()
+        if "temperature" in d:
+            raise ValueError("training.temperature is taken from generator.temperature; remove it")
+        d.setdefault("dtype", dtype)
+        return TrainConfig.from_dict({**d, "temperature": float(temperature)})
+
+
+class ReportSection(_Section):
+    """The held-out report: one workflow per held-out query from each checkpoint (greedy by default), beside
+    static baselines (AFlow's IO, CoT, CoT-SC written as workflows) and the previous iteration."""
+
+    baselines: tuple[Literal["io", "cot", "cot_sc"], ...] = ("io", "cot_sc")
+    temperature: float = Field(0.0, ge=0, le=5)
+    seed: int = 0
+    max_regression: float = Field(0.1, ge=0, le=1)  # the check warns when the solve rate drops more
+
+
+class SpogwConfig(BaseModel):
+    """The whole pipeline configuration. Build with `load_config` (profiles, files, overrides)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str = "custom"
+    iterations: int = Field(2, ge=1, le=9999)
+    benchmark: BenchmarkSection = BenchmarkSection()
+    generator: GeneratorSection = GeneratorSection()
+    executor: ExecutorSection = ExecutorSection()
+    execution: ExecutionSection = ExecutionSection()
+    reward: RewardSection = RewardSection()
+    curation: CurationSection = CurationSection()
+    training: TrainingSection = TrainingSection()
+    report: ReportSection = ReportSection()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "SpogwConfig":
+        from spogw_dagster.core.config import ConfigError
+
+        try:
+            self.curation.core()
+        except ConfigError as e:
+            raise ValueError(f"curation: {e}") from None
+        try:
+            self.training.core(self.generator.temperature, self.generator.dtype)
+        except (ConfigError, ValueError) as e:
+            raise ValueError(f"training: {e}") from None
+        if self.benchmark.data_path is None:
+            from spogw_dagster.benchmarks import get_spec
+
+            if get_spec(self.benchmark.name).needs_path:
+                raise ValueError(f"benchmark {self.benchmark.name!r} ships in no package: set benchmark.data_path "
+                                 "to its data file")
+        return self
+
+    # -- conveniences ---------------------------------------------------------------------------
+
+    def curation_config(self):
+        return self.curation.core()
+
+    def train_config(self):
+        return self.training.core(self.generator.temperature, self.generator.dtype)
+
+    def canonical(self) -> dict[str, Any]:
+        return json.loads(self.model_dump_json())
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self)
+
+
+# Sections each asset's output depends on (its code version and `section_hash` use them).
+ASSET_SECTIONS: dict[str, tuple[str, ...]] = {
+    "sampled_workflows": ("benchmark", "generator", "curation"),
+    "execution_scores": ("benchmark", "executor", "execution", "reward"),
+    "screened_groups": ("curation",),
+    "sharpened_groups": ("curation",),
+    "lora_checkpoint": ("generator", "training"),
+    "benchmark_report": ("benchmark", "generator", "executor", "execution", "report"),
+}
+
+
+def _canon_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_hash(cfg: SpogwConfig) -> str:
+    d = cfg.canonical()
+    # Neither changes what any asset computes: the profile is a name, `iterations` only how far the loop goes.
+    d.pop("profile", None)
+    d.pop("iterations", None)
+    return hashlib.sha256(_canon_json(d).encode()).hexdigest()
+
+
+def section_hash(cfg: SpogwConfig, asset: str) -> str:
+    d = cfg.canonical()
+    return hashlib.sha256(_canon_json({s: d[s] for s in ASSET_SECTIONS[asset]}).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------
+# loading
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand_env(obj: Any, where: str = "") -> Any:
+    """Replace ${VAR} in strings by the environment variable; a missing one is a clear error."""
+    if isinstance(obj, dict):
+        return {k: _expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, str):
+        def sub(m: re.Match) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                raise ConfigValidationError(f"{where}: environment variable {name} is not set; fix: export {name}=...")
+            return os.environ[name]
+
+        return _ENV.sub(sub, obj)
+    return obj
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _format_errors(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(config)"
+        msg = err["msg"].removeprefix("Value error, ")
+        got = err.get("input")
+        extra = f" (got {got!r})" if err["type"] not in ("value_error",) and not isinstance(got, dict) else ""
+        lines.append(f"  {loc}: {msg}{extra}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def parse_config(data: Mapping[str, Any]) -> SpogwConfig:
+    """Validate a full mapping (after profile merging); raise ConfigValidationError with every problem."""
+    try:
+        return SpogwConfig.model_validate(_expand_env(dict(data)))
+    except ValidationError as e:
+        raise ConfigValidationError(_format_errors(e)) from None
+
+
+def load_config(
+    profile: str | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> SpogwConfig:
+    """Profile defaults, then the YAML file (which may name its own `profile:` to start from), then overrides.
+
+    With neither a profile nor a file, the `tiny` profile is used."""
+    from .profiles import get_profile
+
+    file_data: dict[str, Any] = {}
+    if config_file is not None:
+        p = Path(config_file).expanduser()
+        if not p.is_file():
+            raise ConfigValidationError(f"config file {p} does not exist")
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigValidationError(f"config file {p} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigValidationError(f"config file {p} must hold a mapping at the top level, got {type(loaded).__name__}")
+        file_data = loaded
+    name = profile or file_data.get("profile") or ("custom" if config_file and not file_data.get("profile") else "tiny")
+    if profile and file_data.get("profile") and file_data["profile"] != profile:
+        raise ConfigValidationError(
+            f"--profile {profile!r} conflicts with `profile: {file_data['profile']}` in {config_file}; give one")
+    base = get_profile(name) if name != "custom" else {}
+    data = deep_merge(base, file_data)
+    data = deep_merge(data, dict(overrides or {}))
+    data["profile"] = name
+    return parse_config(data)

@@ -1,0 +1,82 @@
+"""Shipped configuration profiles: partial mappings over the `SpogwConfig` defaults.
+
+- ``tiny``  the CPU embedded default: the bundled SmolLM2-135M as generator (transformers, completion-mode
+            prompts) and as executor (llama.cpp), on HumanEval, where the bundled model has a measurable signal
+            (DESIGN §3: 2/40 greedy, 4/40 best-of-5; see the README for the static baselines we measured), with a
+            partial-credit reward ladder so that a 135M generator's groups are not all zero, 2 iterations.
+- ``ci``    the same stack, smaller still: what the end-to-end test runs (2 training queries, m = n = 4, t = 1,
+            short generations, 2 held-out queries, 1 epoch, 2 iterations).
+- ``paper`` the paper's setting (d = 100, m = 16, n = 14, t = 4, β = 0.1, 3 iterations) with a local Hugging Face
+            generator folder (``SPOGW_GENERATOR_MODEL``) and an OpenAI-compatible executor (``SPOGW_EXECUTOR_URL``,
+            ``SPOGW_EXECUTOR_MODEL``); sampling uses vLLM where a GPU exists (backend auto).
+
+A YAML config file may start from a profile (``profile: tiny``) and override any field.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = ["PROFILES", "get_profile", "profile_names"]
+
+# Partial credit: finding code (format) and passing the validator (valid) are what a 135M generator gets
+# wrong most often; a run that finishes (executes) is worth a little more; the answer is worth most.
+_SMALL_MODEL_LADDER = {"format": 0.1, "valid": 0.2, "executes": 0.2, "answer": 0.5}
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "iterations": 2,
+        "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 8, "heldout_queries": 20},
+        "generator": {"model": "smollm2", "backend": "transformers", "temperature": 1.0, "max_new_tokens": 96,
+                      "batch_size": 8, "seed": 0},
+        "executor": {"max_tokens": 256, "temperature": 0.7},
+        "execution": {"runs": 1, "concurrency": 2, "wall_s": 120},
+        "reward": _SMALL_MODEL_LADDER,
+        "curation": {"m": 8, "n": 6, "t": 2, "g_max": 2, "tau_sim": 0.95, "tau_std": 0.01},
+        "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4, "epochs": 1, "batch_size": 4,
+                     "objective": "spogw", "beta": 0.1, "max_completion_tokens": 128},
+        "report": {"baselines": ["io", "cot_sc"], "temperature": 0.0},
+    },
+    "ci": {
+        "iterations": 2,
+        "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 2, "heldout_queries": 2},
+        "generator": {"model": "smollm2", "backend": "transformers", "temperature": 1.0, "max_new_tokens": 32,
+                      "batch_size": 8, "seed": 0},
+        "executor": {"max_tokens": 48, "temperature": 0.7},
+        "execution": {"runs": 1, "concurrency": 2, "wall_s": 90, "max_executor_error_rate": 0.5},
+        "reward": _SMALL_MODEL_LADDER,
+        "curation": {"m": 4, "n": 4, "t": 1, "g_max": 1, "tau_sim": 1.0, "tau_std": 0.0},
+        # π_old from the sampler's recorded log-probs and no after-training pass: two forward passes fewer.
+        "training": {"lora_r": 4, "lora_alpha": 8, "learning_rate": 1e-4, "epochs": 1, "batch_size": 4,
+                     "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "eval_after": False},
+        "report": {"baselines": ["io"], "temperature": 0.0, "max_regression": 1.0},
+    },
+    "paper": {
+        "iterations": 3,
+        "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 100, "heldout_queries": 80},
+        "generator": {"model": "${SPOGW_GENERATOR_MODEL}", "backend": "auto", "temperature": 1.0,
+                      "max_new_tokens": 512, "batch_size": 32, "seed": 0, "dtype": "bfloat16"},
+        "executor": {"url": "${SPOGW_EXECUTOR_URL}", "model": "${SPOGW_EXECUTOR_MODEL}", "max_concurrency": 16,
+                     "max_tokens": 1024, "temperature": 0.7},
+        "execution": {"runs": 1, "concurrency": 8, "wall_s": 300},
+        "reward": {"format": 0.0, "valid": 0.0, "executes": 0.0, "answer": 1.0},
+        "curation": {"m": 16, "n": 14, "t": 4, "g_max": 120, "tau_sim": 0.95, "tau_std": 0.05},
+        "training": {"lora_r": 16, "lora_alpha": 32, "learning_rate": 5e-5, "epochs": 1, "batch_size": 8,
+                     "objective": "spogw", "beta": 0.1},
+        "report": {"baselines": ["io", "cot", "cot_sc"], "temperature": 0.0},
+    },
+}
+
+
+def profile_names() -> list[str]:
+    return list(PROFILES)
+
+
+def get_profile(name: str) -> dict[str, Any]:
+    from .config import ConfigValidationError
+
+    if name not in PROFILES:
+        raise ConfigValidationError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}, "
+                                    "or pass a YAML file with --config")
+    return copy.deepcopy(PROFILES[name])

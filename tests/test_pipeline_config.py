@@ -1,0 +1,106 @@
+"""Pipeline configuration: shipped profiles, validation with clear errors, files, hashes."""
+
+from __future__ import annotations
+
+import pytest
+
+from spogw_dagster.pipeline.config import ConfigValidationError, config_hash, load_config, section_hash
+from spogw_dagster.pipeline.profiles import profile_names
+
+
+def test_profiles_load_and_build_core_configs():
+    for name in ("tiny", "ci"):
+        cfg = load_config(name)
+        assert cfg.profile == name
+        cc = cfg.curation_config()
+        assert cc.m >= cc.n >= 2 * cc.t
+        tc = cfg.train_config()
+        assert tc.temperature == cfg.generator.temperature  # π_old is the sampler's distribution
+        assert cfg.benchmark.name == "humaneval"
+        assert cfg.executor.url is None  # embedded executor
+    assert set(profile_names()) == {"tiny", "ci", "paper"}
+    assert load_config().profile == "tiny"  # the default
+
+
+def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
+    monkeypatch.delenv("SPOGW_GENERATOR_MODEL", raising=False)
+    with pytest.raises(ConfigValidationError, match="SPOGW_GENERATOR_MODEL is not set"):
+        load_config("paper")
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.setenv("SPOGW_GENERATOR_MODEL", str(model))
+    monkeypatch.setenv("SPOGW_EXECUTOR_URL", "http://127.0.0.1:8000/v1")
+    monkeypatch.setenv("SPOGW_EXECUTOR_MODEL", "qwen")
+    cfg = load_config("paper")
+    assert (cfg.curation.m, cfg.curation.n, cfg.training.beta, cfg.iterations) == (16, 14, 0.1, 3)
+    assert cfg.benchmark.train_queries == 100
+    assert cfg.generator.model == str(model.resolve())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"curation": {"m": 3}}, "set m >= n"),
+    ({"curation": {"t": 3}}, "set n >= 2t"),
+    ({"training": {"beta": -0.5}}, "KL coefficient must be >= 0"),
+    ({"training": {"objective": "ppo"}}, "choose one of"),
+    ({"training": {"bogus": 1}}, "unknown field"),
+    ({"training": {"temperature": 0.5}}, "taken from generator.temperature"),
+    ({"benchmark": {"name": "imagenet"}}, "unknown benchmark 'imagenet'"),
+    ({"benchmark": {"name": "mbpp"}}, "set benchmark.data_path"),
+    ({"benchmark": {"train_queries": 0}}, "benchmark.train_queries"),
+    ({"generator": {"model": "/no/such/model"}}, "neither an alias"),
+    ({"generator": {"temperature": 0}}, "generator.temperature"),
+    ({"executor": {"url": "http://x/v1"}}, "needs executor.model"),
+    ({"reward": {"format": 0.5, "answer": 0.8}}, "sum to 1.7 > 1"),
+    ({"iterations": 0}, "iterations"),
+    ({"nonsense": 1}, "nonsense"),
+])
+def test_validation_errors_name_the_field_and_fix(overrides, message):
+    with pytest.raises(ConfigValidationError) as ei:
+        load_config("ci", overrides=overrides)
+    assert message in str(ei.value)
+    assert str(ei.value).startswith("invalid configuration")
+
+
+def test_several_errors_are_reported_together():
+    with pytest.raises(ConfigValidationError) as ei:
+        load_config("ci", overrides={"iterations": 0, "benchmark": {"heldout_queries": 0}})
+    assert "iterations" in str(ei.value) and "heldout_queries" in str(ei.value)
+
+
+def test_yaml_file_starts_from_a_profile_and_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("profile: ci\ncuration:\n  m: 6\n  n: 4\nreport:\n  baselines: [io, cot]\n")
+    cfg = load_config(config_file=f)
+    assert cfg.profile == "ci" and cfg.curation.m == 6 and cfg.report.baselines == ("io", "cot")
+    assert cfg.benchmark.train_queries == load_config("ci").benchmark.train_queries
+    with pytest.raises(ConfigValidationError, match="conflicts"):
+        load_config("tiny", config_file=f)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigValidationError, match="mapping"):
+        load_config(config_file=bad)
+    with pytest.raises(ConfigValidationError, match="does not exist"):
+        load_config(config_file=tmp_path / "missing.yaml")
+    bare = tmp_path / "bare.yaml"  # no profile: the defaults
+    bare.write_text("iterations: 1\n")
+    assert load_config(config_file=bare).profile == "custom"
+
+
+def test_hashes():
+    a, b = load_config("ci"), load_config("ci")
+    assert config_hash(a) == config_hash(b)
+    # the number of iterations changes no asset's content
+    assert config_hash(load_config("ci", overrides={"iterations": 5})) == config_hash(a)
+    c = load_config("ci", overrides={"report": {"baselines": ["io", "cot"]}})
+    assert config_hash(c) != config_hash(a)
+    assert section_hash(c, "sampled_workflows") == section_hash(a, "sampled_workflows")
+    assert section_hash(c, "benchmark_report") != section_hash(a, "benchmark_report")
+
+
+def test_code_versions_follow_config_sections():
+    from spogw_dagster.pipeline.versions import code_version
+
+    a = load_config("ci")
+    c = load_config("ci", overrides={"curation": {"tau_std": 0.2}})
+    assert code_version("screened_groups", a) != code_version("screened_groups", c)
+    assert code_version("execution_scores", a) == code_version("execution_scores", c)
