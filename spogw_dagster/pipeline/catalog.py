@@ -1,0 +1,178 @@
+"""The DuckDB catalog: `assets/spogw.duckdb` holds one view per table over that table's Parquet partitions.
+
+    duckdb assets/spogw.duckdb "select iteration, status, avg(score) from execution_scores group by all"
+
+Consistency while a run writes. Atomic renames alone are not enough for DuckDB: a query opens a Parquet
+file more than once (schema and footer when it binds, data when it runs), so a file replaced between the
+two opens is read as a mix of old footer and new data ("TProtocolException: Invalid data" — our
+cross-process test caught it). So the views never name the files a run replaces. Each refresh hard-links
+every current partition file into `assets/.snapshots/<table>/` under a unique name (no copy: same inode;
+a copy only where hard links are refused) and points the views at those immutable names. A refresh
+writes the new catalog into a temporary file and renames it over the old one, under a lock file, so:
+
+- a reader never waits for a write lock and never sees a half-built catalog;
+- a query sees, for every table, one complete version of each partition (the one current when the catalog
+  it opened was built), never a half-written or a mixed file;
+- a connection opened before a refresh keeps its older, still consistent view; snapshot links that no
+  catalog names any more are deleted after `GRACE_S` (an hour), so a connection older than that should be
+  reopened.
+
+The IO manager refreshes the catalog after every partition it writes; `spogw catalog` rebuilds it by hand
+(e.g. after moving the assets directory: the views hold absolute paths). For ad-hoc reads of the partition
+files themselves use `assets/<table>/*.parquet` (what the IO manager writes; fine when no run is writing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .storage import TABLES, AssetStore
+
+SIDE_FILE = ".catalog.json"
+SNAP_DIR = ".snapshots"
+GRACE_S = 3600.0
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def view_sql(table: str, files: list[str]) -> str:
+    listed = ", ".join(_sql_str(f) for f in files)
+    return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _load_state(side: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(side.read_text())
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _snapshot(store: AssetStore, table: str, partition: str) -> dict[str, Any]:
+    """Hard-link the current partition file to a new immutable name; returns its record."""
+    src = store.parquet_path(table, partition)
+    d = store.root / SNAP_DIR / table
+    d.mkdir(parents=True, exist_ok=True)
+    snap = d / f"{partition}-{time.time_ns()}-{uuid.uuid4().hex[:8]}.parquet"
+    try:
+        os.link(src, snap)
+    except OSError:  # no hard links here (another filesystem, a restrictive mount): copy instead
+        tmp = d / f".tmp-{uuid.uuid4().hex[:8]}.part"
+        shutil.copy2(src, tmp)
+        os.replace(tmp, snap)
+    st = snap.stat()
+    return {"snap": str(snap.relative_to(store.root)), "ino": st.st_ino, "mtime_ns": st.st_mtime_ns,
+            "size": st.st_size}
+
+
+def _same_file(store: AssetStore, table: str, partition: str, rec: dict[str, Any] | None) -> bool:
+    if not rec or not (store.root / rec["snap"]).is_file():
+        return False
+    try:
+        st = store.parquet_path(table, partition).stat()
+    except FileNotFoundError:
+        return False
+    return (st.st_ino, st.st_mtime_ns, st.st_size) == (rec["ino"], rec["mtime_ns"], rec["size"])
+
+
+def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
+    """Bring the catalog up to date with the partition files. Returns True if it was rebuilt."""
+    side = store.root / SIDE_FILE
+    with _lock(store.root / ".catalog.lock"):
+        old = _load_state(side)
+        if old.get("root") != str(store.root):
+            old = {}
+        old_files: dict[str, dict[str, Any]] = old.get("files", {})
+        files: dict[str, dict[str, Any]] = {}
+        for table in TABLES:
+            for part in store.partitions(table):
+                rec = old_files.get(table, {}).get(part)
+                files.setdefault(table, {})[part] = rec if _same_file(store, table, part, rec) else \
+                    _snapshot(store, table, part)
+        changed = files != old_files
+        if changed or force or not store.catalog_path.is_file():
+            build_catalog(store, {t: [str(store.root / r["snap"]) for _, r in sorted(parts.items())]
+                                  for t, parts in files.items()})
+        # links no catalog names any more are deleted once nobody can still be reading them
+        now = time.time()
+        live = {r["snap"] for parts in files.values() for r in parts.values()}
+        retired: dict[str, float] = {k: v for k, v in old.get("retired", {}).items() if k not in live}
+        for parts in old_files.values():
+            for r in parts.values():
+                if r["snap"] not in live:
+                    retired.setdefault(r["snap"], now)
+        snap_root = store.root / SNAP_DIR
+        if snap_root.is_dir():  # also orphans of a crashed refresh
+            for p in snap_root.glob("*/*.parquet"):
+                rel = str(p.relative_to(store.root))
+                if rel not in live:
+                    retired.setdefault(rel, now)
+        for rel, since in list(retired.items()):
+            if now - since >= GRACE_S:
+                with contextlib.suppress(FileNotFoundError):
+                    (store.root / rel).unlink()
+                del retired[rel]
+        state = {"root": str(store.root), "files": files, "retired": retired}
+        tmp = side.with_name(f".tmp-{uuid.uuid4().hex[:8]}{SIDE_FILE}.part")
+        tmp.write_text(json.dumps(state, sort_keys=True))
+        os.replace(tmp, side)
+        return bool(changed or force)
+
+
+def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
+    """Write a fresh catalog with one view per table over the given files, then rename it into place."""
+    import duckdb
+
+    store.root.mkdir(parents=True, exist_ok=True)
+    tmp = store.root / f".tmp-{uuid.uuid4().hex[:12]}-{store.catalog_path.name}.part"
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            con.execute("CREATE TABLE catalog_info (view_name VARCHAR, partitions INTEGER, parquet_dir VARCHAR, "
+                        "built_at DOUBLE)")
+            for t in TABLES:
+                if views.get(t):
+                    con.execute(view_sql(t, views[t]))
+                    con.execute("INSERT INTO catalog_info VALUES (?, ?, ?, ?)",
+                                [t, len(views[t]), str(store.table_dir(t)), time.time()])
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, store.catalog_path)
+    finally:
+        for p in (tmp, Path(str(tmp) + ".wal")):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    return store.catalog_path
+
+
+def query(store: AssetStore, sql: str, params: list | None = None):
+    """Run a read-only query against the catalog; returns a list of tuples (for tests and the CLI)."""
+    import duckdb
+
+    con = duckdb.connect(str(store.catalog_path), read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
