@@ -1,0 +1,65 @@
+"""Plots for Dagster metadata: PNG images embedded in markdown (Dagster has no plot metadata type)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Mapping, Sequence
+
+
+def _png_markdown(fig, title: str) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return f"![{title}](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
+
+
+def _figure(w: float = 4.5, h: float = 2.8):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(w, h))
+
+
+def score_histogram(scores_by_status: Mapping[str, Sequence[float]], title: str = "scores by status") -> str:
+    fig, ax = _figure()
+    data = [list(v) for v in scores_by_status.values() if len(v)]
+    labels = [k for k, v in scores_by_status.items() if len(v)]
+    if data:
+        ax.hist(data, bins=[i / 10 for i in range(11)], stacked=True, label=labels)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("score")
+    ax.set_ylabel("workflows")
+    ax.set_title(title, fontsize=9)
+    return _png_markdown(fig, title)
+
+
+def curve(values: Sequence[float], title: str, ylabel: str, extra: Mapping[str, Sequence[float]] | None = None) -> str:
+    fig, ax = _figure()
+    ax.plot(range(len(values)), list(values), marker="o", ms=3, label=ylabel)
+    for name, ys in (extra or {}).items():
+        if len(ys):
+            ax.plot(range(len(ys)), list(ys), marker=".", ms=3, label=name)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    if extra:
+        ax.legend(fontsize=7)
+    return _png_markdown(fig, title)
+
+
+def solve_rate_bars(systems: Sequence[str], rates: Sequence[float], lows: Sequence[float], highs: Sequence[float],
+                    title: str = "held-out solve rate (95% CI)") -> str:
+    fig, ax = _figure(5, 2.8)
+    err = [[max(0.0, r - lo) for r, lo in zip(rates, lows)], [max(0.0, hi - r) for r, hi in zip(rates, highs)]]
+    ax.bar(range(len(systems)), rates, yerr=err, capsize=4, color="#4c72b0")
+    ax.set_xticks(range(len(systems)))
+    ax.set_xticklabels(systems, rotation=20, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("solve rate")
+    ax.set_title(title, fontsize=9)
+    return _png_markdown(fig, title)
