@@ -30,13 +30,15 @@ PROFILES: dict[str, dict[str, Any]] = {
         "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 8, "heldout_queries": 20},
         "generator": {"model": "smollm2", "backend": "transformers", "temperature": 1.0, "max_new_tokens": 96,
                       "batch_size": 8, "seed": 0},
-        "executor": {"max_tokens": 256, "temperature": 0.7},
-        "execution": {"runs": 1, "concurrency": 2, "wall_s": 120},
+        # the operators' defaults, as in `spogw baseline`, so the report's baselines reproduce those numbers
+        "executor": {"max_tokens": 384, "temperature": 0.7, "top_p": 0.95},
+        "execution": {"runs": 1, "concurrency": 2, "wall_s": 180},
         "reward": _SMALL_MODEL_LADDER,
-        "curation": {"m": 8, "n": 6, "t": 2, "g_max": 2, "tau_sim": 0.95, "tau_std": 0.01},
+        # one group per query keeps training to <= 4 responses per query (~600 prompt tokens each on 2 cores)
+        "curation": {"m": 8, "n": 6, "t": 2, "g_max": 1, "tau_sim": 0.95, "tau_std": 0.01},
         "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4, "epochs": 1, "batch_size": 4,
-                     "objective": "spogw", "beta": 0.1, "max_completion_tokens": 128},
-        "report": {"baselines": ["io", "cot_sc"], "temperature": 0.0},
+                     "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128},
+        "report": {"baselines": ["io", "cot", "cot_sc"], "temperature": 0.0},
     },
     "ci": {
         "iterations": 2,

@@ -1,0 +1,149 @@
+"""Partitioned asset checks (each declares `partitions_def`, so it runs once per iteration on that partition).
+
+    sampled_workflows  m_workflows_per_query           every training query has exactly m sampled workflows
+    execution_scores   scores_complete                  one score per sampled workflow, in [0, 1]; every non-ok
+                                                        status carries its reason (no unexplained missing score)
+    execution_scores   executor_error_rate              executor_error share <= execution.max_executor_error_rate
+    screened_groups    groups_kept                      at least one group survived screening (WARN: an empty
+                                                        iteration carries its parent policy forward)
+    lora_checkpoint    loss_finite_and_adapter_reloads  every loss finite; the adapter reloads with peft and its
+                                                        hash matches (blocking: the report never scores a broken
+                                                        adapter)
+    benchmark_report   compared_with_previous           the report compares with iteration k-1 (or the base model)
+                                                        and the solve rate fell by at most report.max_regression
+"""
+
+import math
+import warnings
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from .lineage import adapter_sha256
+from .partitions import iterations
+from .resources import SpogwResource
+
+
+def _ck(**kw):
+    # partitions_def on asset checks is a Dagster "preview" feature (1.13); without it a check on iteration k
+    # would load every partition (see the research notes), so we use it and silence the preview warning.
+    def deco(fn):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            return dg.asset_check(partitions_def=iterations, **kw)(fn)
+
+    return deco
+
+
+@_ck(asset="sampled_workflows", description="Every training query has exactly m sampled workflows.")
+def m_workflows_per_query(sampled_workflows: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+    cfg = spogw.config()
+    m, d = cfg.curation.m, cfg.benchmark.train_queries
+    counts = sampled_workflows.group_by("query_id").len()
+    wrong = counts.filter(pl.col("len") != m)
+    queries = counts.height
+    passed = wrong.height == 0 and queries == d
+    return dg.AssetCheckResult(
+        passed=passed,
+        description=None if passed else f"{wrong.height} queries without exactly m={m} workflows; {queries}/{d} queries",
+        metadata={"m": m, "queries": queries, "expected_queries": d,
+                  "wrong_queries": dg.MetadataValue.json(wrong.rows()[:10])},
+    )
+
+
+@_ck(asset="execution_scores", additional_ins={"sampled": dg.AssetIn("sampled_workflows")},
+     description="One score in [0, 1] per sampled workflow; every non-ok status carries its reason.")
+def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg.AssetCheckResult:
+    key = ["iteration", "query_id", "sample_idx"]
+    missing = sampled.select(key).join(execution_scores.select(key), on=key, how="anti").height
+    extra = execution_scores.select(key).join(sampled.select(key), on=key, how="anti").height
+    dup = execution_scores.height - execution_scores.select(key).unique().height
+    bad_score = execution_scores.filter(
+        pl.col("score").is_null() | pl.col("score").is_nan() | (pl.col("score") < 0) | (pl.col("score") > 1)).height
+    unexplained = execution_scores.filter((pl.col("status") != "ok") & (pl.col("error").fill_null("") == "")).height
+    passed = missing == extra == dup == bad_score == unexplained == 0
+    return dg.AssetCheckResult(
+        passed=passed,
+        metadata={"missing_scores": missing, "unexpected_rows": extra, "duplicate_rows": dup,
+                  "scores_out_of_range": bad_score, "failures_without_reason": unexplained},
+    )
+
+
+@_ck(asset="execution_scores", description="The executor_error rate stays under execution.max_executor_error_rate.")
+def executor_error_rate(execution_scores: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+    limit = spogw.config().execution.max_executor_error_rate
+    n = execution_scores.height
+    errors = execution_scores.filter(pl.col("status") == "executor_error").height
+    rate = errors / n if n else 0.0
+    return dg.AssetCheckResult(passed=rate <= limit,
+                               metadata={"executor_errors": errors, "workflows": n, "rate": round(rate, 4),
+                                         "threshold": limit})
+
+
+@_ck(asset="screened_groups", description="At least one group survived screening.")
+def groups_kept(screened_groups: pl.DataFrame) -> dg.AssetCheckResult:
+    kept = screened_groups.filter(pl.col("kept")).height
+    reasons = screened_groups.filter(~pl.col("kept"))["reason"].value_counts().rows()
+    return dg.AssetCheckResult(
+        passed=kept > 0, severity=dg.AssetCheckSeverity.WARN,
+        description=None if kept else "no group survived screening: this iteration trains nothing and carries its "
+                                      "parent policy forward",
+        metadata={"groups_kept": kept, "dropped": dg.MetadataValue.json(dict(reasons))},
+    )
+
+
+@_ck(asset="lora_checkpoint", blocking=True,
+     description="Training losses are finite and the saved adapter reloads with peft (hash unchanged).")
+def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+    from spogw_dagster.models import load_model_and_tokenizer
+
+    row = lora_checkpoint.row(0, named=True)
+    losses = list(row["loss_curve"] or [])
+    finite = all(math.isfinite(x) for x in losses)
+    path = Path(row["adapter_path"])
+    reloads, error = False, ""
+    try:
+        model, _ = load_model_and_tokenizer(spogw.config().generator.model, adapter_path=path)
+        n_lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+        reloads = n_lora > 0
+        if not reloads:
+            error = "the reloaded model has no LoRA parameters"
+        del model
+    except Exception as e:  # the check reports, it does not crash
+        error = f"{type(e).__name__}: {e}"
+    same_hash = path.is_dir() and adapter_sha256(path) == row["adapter_sha256"]
+    passed = finite and reloads and same_hash
+    return dg.AssetCheckResult(
+        passed=passed,
+        description=error or None,
+        metadata={"losses": len(losses), "all_finite": finite, "reloads": reloads, "hash_matches": same_hash,
+                  "trained": bool(row["trained"])},
+    )
+
+
+@_ck(asset="benchmark_report",
+     description="The report compares checkpoint k with iteration k-1 and did not regress by more than "
+                 "report.max_regression.")
+def compared_with_previous(benchmark_report: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+    tol = spogw.config().report.max_regression
+    this = benchmark_report.filter(pl.col("kind") == "checkpoint")
+    prev = benchmark_report.filter(pl.col("kind") == "previous")
+    if this.height != 1 or prev.height != 1:
+        return dg.AssetCheckResult(passed=False, description="the report lacks its checkpoint or previous row",
+                                   metadata={"checkpoint_rows": this.height, "previous_rows": prev.height})
+    a, b = this.row(0, named=True), prev.row(0, named=True)
+    delta = a["solve_rate"] - b["solve_rate"]
+    return dg.AssetCheckResult(
+        passed=delta >= -tol, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"this": a["system"], "previous": b["system"], "solve_rate": round(a["solve_rate"], 4),
+                  "previous_solve_rate": round(b["solve_rate"], 4), "delta": round(delta, 4),
+                  "max_regression": tol,
+                  "baselines": dg.MetadataValue.json({r["system"]: round(r["solve_rate"], 4) for r in
+                                                      benchmark_report.filter(pl.col("kind") == "baseline")
+                                                      .iter_rows(named=True)})},
+    )
+
+
+ALL_CHECKS = [m_workflows_per_query, scores_complete, executor_error_rate, groups_kept,
+              loss_finite_and_adapter_reloads, compared_with_previous]

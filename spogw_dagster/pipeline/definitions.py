@@ -1,0 +1,58 @@
+"""Build the Dagster `Definitions` of the pipeline for one configuration and assets directory.
+
+`spogw_dagster.definitions` (the code location `workspace.yaml` points at) calls `definitions_from_env()`:
+SPOGW_PROFILE (default tiny) or SPOGW_CONFIG (a YAML file), and SPOGW_ASSETS_DIR (default ./assets).
+Steps run in-process one after another (`in_process_executor`): the assets load models and are chained
+anyway, and on a small CPU machine one process per step would only add start-up time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import dagster as dg
+
+from .assets import build_assets
+from .checks import ALL_CHECKS
+from .config import SpogwConfig, load_config
+from .io import ParquetIOManager
+from .partitions import iterations
+from .resources import SpogwResource
+from .sensors import JOB_NAME, build_sensor
+from .storage import ASSET_NAMES, default_assets_dir
+
+
+def build_definitions(
+    profile: str | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+    assets_dir: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dg.Definitions:
+    cfg: SpogwConfig = load_config(profile, config_file, overrides)
+    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    assets = build_assets(cfg)
+    job = dg.define_asset_job(
+        JOB_NAME, selection=dg.AssetSelection.assets(*ASSET_NAMES),
+        description="One SPOGW iteration: sample, execute, screen, sharpen, train, report (with checks).",
+        tags={"spogw/loop": "iteration", "spogw/profile": cfg.profile, "spogw/config_hash": cfg.hash[:16]},
+    )
+    spogw = SpogwResource(assets_dir=str(root), profile=profile or None,
+                          config_file=str(config_file) if config_file else None,
+                          overrides_json=json.dumps(dict(overrides or {}), sort_keys=True))
+    return dg.Definitions(
+        assets=assets,
+        asset_checks=ALL_CHECKS,
+        jobs=[job],
+        sensors=[build_sensor(job, cfg.iterations)],
+        resources={"spogw": spogw, "io_manager": ParquetIOManager(assets_dir=str(root))},
+        executor=dg.in_process_executor,
+    )
+
+
+def definitions_from_env() -> dg.Definitions:
+    cfg_file = os.environ.get("SPOGW_CONFIG") or None
+    profile = os.environ.get("SPOGW_PROFILE") or (None if cfg_file else "tiny")
+    return build_definitions(profile, cfg_file, os.environ.get("SPOGW_ASSETS_DIR") or None)

@@ -1,0 +1,58 @@
+"""The loop driver: when benchmark_report(k) lands, add partition k+1 and launch its run.
+
+Iterations never run at the same time: the sensor requests nothing while any run of the iteration job is
+queued or in progress, requests k+1 only once benchmark_report(k) is materialized, and stops after the
+configured number of iterations. With no partition yet it starts iteration 0. Each request carries a run key
+("iteration-<k>"), so a sensor tick that races another cannot launch the same iteration twice.
+(A multi-partition backfill from the UI would bypass this; sampled_workflows(k) then fails fast while
+lora_checkpoint(k-1) is missing, so the order still holds.)
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from .partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int
+
+JOB_NAME = "spogw_iteration"
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def next_iteration(keys: list[str], reported: set[str], max_iterations: int) -> tuple[str | None, str]:
+    """Pure decision: (key to launch or None, why)."""
+    keys = sorted(keys)
+    if not keys:
+        return iteration_key(0), "no iteration yet: starting iteration 0000"
+    last = keys[-1]
+    if last not in reported:
+        return None, f"waiting for benchmark_report[{last}]"
+    nxt = key_to_int(last) + 1
+    if nxt >= max_iterations:
+        return None, f"done: {max_iterations} iteration(s) reported"
+    return iteration_key(nxt), f"benchmark_report[{last}] landed: launching iteration {iteration_key(nxt)}"
+
+
+def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int) -> dg.SensorDefinition:
+    @dg.sensor(name="next_iteration_sensor", job=job, minimum_interval_seconds=30,
+               default_status=dg.DefaultSensorStatus.STOPPED,
+               description=f"Launches iteration k+1 when benchmark_report(k) lands (up to {max_iterations}); "
+                           "never while an iteration runs.")
+    def next_iteration_sensor(context: dg.SensorEvaluationContext):
+        inst = context.instance
+        active = inst.get_run_records(dg.RunsFilter(job_name=JOB_NAME, statuses=ACTIVE), limit=1)
+        if active:
+            return dg.SkipReason(f"run {active[0].dagster_run.run_id} of {JOB_NAME} is still active")
+        keys = list(inst.get_dynamic_partitions(PARTITIONS_NAME))
+        reported = set(inst.get_materialized_partitions(dg.AssetKey("benchmark_report")))
+        key, why = next_iteration(keys, reported, max_iterations)
+        if key is None:
+            return dg.SkipReason(why)
+        context.log.info(why)
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(partition_key=key, run_key=f"iteration-{key}",
+                                        tags={"spogw/iteration": key})],
+            dynamic_partitions_requests=[iterations.build_add_request([key])] if key not in keys else [],
+        )
+
+    return next_iteration_sensor

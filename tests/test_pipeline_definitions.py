@@ -1,0 +1,131 @@
+"""The Dagster layer without a model: definitions load, partitions, the checkpoint lookup (fail fast), the
+sensor's decisions and the code location module."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import dagster as dg
+import pytest
+
+from spogw_dagster.pipeline.definitions import build_definitions
+from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
+from spogw_dagster.pipeline.partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int, previous_key
+from spogw_dagster.pipeline.sensors import JOB_NAME, next_iteration
+from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
+
+SIX = ["sampled_workflows", "execution_scores", "screened_groups", "sharpened_groups", "lora_checkpoint",
+       "benchmark_report"]
+
+
+def test_definitions_load_with_six_partitioned_assets_checks_job_and_sensor(tmp_path):
+    defs = build_definitions("ci", assets_dir=tmp_path)
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert keys == set(SIX) == set(ASSET_NAMES)
+    for name in SIX:
+        node = graph.get(dg.AssetKey(name))
+        assert node.partitions_def == iterations
+        assert node.code_version and len(node.code_version) == 16
+    # lineage inside an iteration (the k-1 edge is imperative, see lineage.py)
+    assert {p.to_user_string() for p in graph.get(dg.AssetKey("screened_groups")).parent_keys} == {
+        "sampled_workflows", "execution_scores"}
+    assert {p.to_user_string() for p in graph.get(dg.AssetKey("lora_checkpoint")).parent_keys} == {
+        "sharpened_groups", "sampled_workflows"}
+    checks = {k.name: k for k in graph.asset_check_keys}
+    assert set(checks) == {"m_workflows_per_query", "scores_complete", "executor_error_rate", "groups_kept",
+                           "loss_finite_and_adapter_reloads", "compared_with_previous"}
+    for key in checks.values():
+        assert graph.get(key).partitions_def == iterations  # partitioned checks
+    job = defs.resolve_job_def(JOB_NAME)
+    assert job.partitions_def == iterations and job.tags["spogw/loop"] == "iteration"
+    assert defs.resolve_sensor_def("next_iteration_sensor") is not None
+
+
+def test_code_location_module_reads_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPOGW_PROFILE", "ci")
+    monkeypatch.setenv("SPOGW_ASSETS_DIR", str(tmp_path))
+    import spogw_dagster.definitions as mod
+
+    mod = importlib.reload(mod)
+    res = mod.defs.resolve_job_def(JOB_NAME)
+    assert res.name == JOB_NAME
+    spogw = mod.defs.resources["spogw"]
+    assert spogw.assets_dir == str(tmp_path.resolve()) and spogw.config().profile == "ci"
+
+
+def test_partition_keys():
+    assert iteration_key(0) == "0000" and iteration_key(12) == "0012"
+    assert key_to_int("0012") == 12 and previous_key("0000") is None and previous_key("0010") == "0009"
+    for bad in ("12", "abcd", "00001"):
+        with pytest.raises(ValueError):
+            key_to_int(bad)
+    with pytest.raises(ValueError):
+        iteration_key(-1)
+
+
+def _fake_adapter(folder):
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+
+
+def test_parent_checkpoint_lookup(tmp_path):
+    store = AssetStore(tmp_path)
+    assert parent_checkpoint(store, "0000") is None  # the base model
+    with pytest.raises(MissingCheckpointError) as ei:
+        parent_checkpoint(store, "0001")
+    msg = str(ei.value)
+    assert "lora_checkpoint[0000] is missing" in msg and "Materialize iteration 0000 first" in msg
+    (tmp_path / "lora_checkpoint" / "0000").mkdir(parents=True)
+    (tmp_path / "lora_checkpoint" / "0000" / "adapter_config.json").write_text("{}")
+    with pytest.raises(MissingCheckpointError, match="lacks adapter_model.safetensors"):
+        parent_checkpoint(store, "0001")
+    (tmp_path / "lora_checkpoint" / "0000" / "adapter_model.safetensors").write_bytes(b"weights")
+    p = parent_checkpoint(store, "0001")
+    assert p.partition == "0000" and p.iteration == 0 and len(p.sha256) == 64
+    assert json.dumps(p.as_metadata())
+
+
+def test_materializing_iteration_1_without_checkpoint_0_fails_fast_and_writes_nothing(tmp_path):
+    defs = build_definitions("ci", assets_dir=tmp_path)
+    job = defs.resolve_job_def(JOB_NAME)
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000", "0001"])
+        res = job.execute_in_process(partition_key="0001", instance=inst, raise_on_error=False)
+        assert not res.success
+        failure = next(e for e in res.all_events if e.is_step_failure)
+        assert failure.step_key == "sampled_workflows"
+        assert "lora_checkpoint[0000] is missing" in failure.step_failure_data.user_failure_data.description
+        assert res.get_asset_materialization_events() == []
+        assert not inst.get_materialized_partitions(dg.AssetKey("sampled_workflows"))
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and "0001" in p.name] == []
+
+
+def test_sensor_decisions():
+    assert next_iteration([], set(), 2) == ("0000", "no iteration yet: starting iteration 0000")
+    assert next_iteration(["0000"], set(), 2)[0] is None
+    assert next_iteration(["0000"], {"0000"}, 2)[0] == "0001"
+    assert next_iteration(["0001", "0000"], {"0000", "0001"}, 2) == (None, "done: 2 iteration(s) reported")
+    assert next_iteration(["0000", "0001"], {"0000"}, 3) == (None, "waiting for benchmark_report[0001]")
+
+
+def test_sensor_against_an_instance(tmp_path):
+    defs = build_definitions("ci", assets_dir=tmp_path)
+    sensor = defs.resolve_sensor_def("next_iteration_sensor")
+    with dg.instance_for_test() as inst:
+        res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
+        assert [r.partition_key for r in res.run_requests] == ["0000"]
+        assert res.dynamic_partitions_requests[0].partition_keys == ["0000"]
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
+        res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
+        assert isinstance(res, dg.SkipReason) and "waiting for benchmark_report[0000]" in res.skip_message
+        inst.report_runless_asset_event(dg.AssetMaterialization("benchmark_report", partition="0000"))
+        res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
+        assert [r.partition_key for r in res.run_requests] == ["0001"]
+        assert res.run_requests[0].run_key == "iteration-0001"
+        # never two iterations at once: an active run of the iteration job blocks the next request
+        inst.add_run(dg.DagsterRun(job_name=JOB_NAME, run_id="a" * 36, status=dg.DagsterRunStatus.STARTED))
+        res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
+        assert isinstance(res, dg.SkipReason) and "still active" in res.skip_message
