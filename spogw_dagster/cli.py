@@ -46,7 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--split-seed", type=int, default=0)
     bl.add_argument("--concurrency", type=int, default=4)
     bl.add_argument("--show", action="store_true", help="also list per-query results")
+    _add_pipeline_commands(sub)
     return ap
+
+
+def _add_pipeline_commands(sub) -> None:
+    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/cli.py)."""
+    from .pipeline.cli import add_pipeline_commands
+
+    add_pipeline_commands(sub)
 
 
 def _fail(msg: str, as_json: bool, code: int = 2) -> int:
@@ -117,6 +125,12 @@ async def _baseline(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .pipeline.cli import COMMANDS as PIPELINE_COMMANDS
+
+    if args.cmd in PIPELINE_COMMANDS:
+        from .pipeline.cli import run_pipeline_command
+
+        return run_pipeline_command(args)
     try:
         if args.cmd == "exec-workflow":
             return asyncio.run(_exec_workflow(args))

@@ -1,0 +1,194 @@
+"""`spogw run`: the iteration loop in-process, against a persistent Dagster instance.
+
+Iteration k = one run of the `spogw_iteration` job for partition k (the six assets and their checks), the
+same job the sensor launches from the UI. Runs go into the instance at $DAGSTER_HOME (default
+`<assets>/.dagster`, created with a dagster.yaml that lets at most one iteration run at a time through the run
+queue), so `DAGSTER_HOME=<assets>/.dagster dagster dev` shows them afterwards. An iteration whose
+benchmark_report exists for the same configuration is skipped unless --force. Progress goes to the terminal;
+the loop ends with a table of held-out scores per iteration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from .storage import ASSET_NAMES, AssetStore, default_assets_dir
+
+INSTANCE_YAML = """\
+# Written by `spogw run`: the persistent Dagster instance of this assets directory.
+# At most one SPOGW iteration runs at a time through the run queue (UI launches, the sensor, backfills).
+run_queue:
+  tag_concurrency_limits:
+    - key: spogw/loop
+      limit: 1
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_dagster_home(assets_dir: Path) -> Path:
+    """$DAGSTER_HOME if set, else <assets>/.dagster (created with INSTANCE_YAML)."""
+    home = os.environ.get("DAGSTER_HOME")
+    p = Path(home).expanduser().resolve() if home else (assets_dir / ".dagster")
+    p.mkdir(parents=True, exist_ok=True)
+    y = p / "dagster.yaml"
+    if not y.exists():
+        y.write_text(INSTANCE_YAML)
+    os.environ["DAGSTER_HOME"] = str(p)
+    return p
+
+
+@dataclass
+class IterationOutcome:
+    key: str
+    status: str  # "ok" | "skipped" | "failed"
+    wall_s: float = 0.0
+    asset_s: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, bool] = field(default_factory=dict)
+    error: str = ""
+    run_id: str = ""
+
+
+def _asset_seconds(result) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for ev in result.get_asset_materialization_events():
+        md = ev.materialization.metadata
+        if "wall_s" in md:
+            out[ev.asset_key.to_user_string()] = float(md["wall_s"].value)
+    return out
+
+
+def _failure_message(result) -> str:
+    msgs = []
+    for ev in result.all_events:
+        if ev.is_step_failure:
+            data = ev.step_failure_data
+            err = data.error if data else None
+            text = ""
+            if data is not None and data.user_failure_data is not None and data.user_failure_data.description:
+                text = data.user_failure_data.description
+            elif err is not None:
+                cause = err
+                while cause.cause is not None:
+                    cause = cause.cause
+                text = cause.message.strip()
+            msgs.append(f"{ev.step_key}: {text}")
+    return "\n".join(msgs) or "run failed (see the Dagster event log)"
+
+
+def run_loop(
+    profile: str | None = None,
+    config_file: str | None = None,
+    iterations: int | None = None,
+    assets_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    out: TextIO = sys.stdout,
+    instance=None,
+    log_level: str = "WARNING",
+) -> list[IterationOutcome]:
+    import dagster as dg
+
+    from .config import load_config
+    from .definitions import build_definitions
+    from .partitions import PARTITIONS_NAME, iteration_key
+    from .sensors import JOB_NAME
+
+    overrides = {"iterations": iterations} if iterations is not None else None
+    cfg = load_config(profile, config_file, overrides)
+    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    store = AssetStore(root)
+    own_instance = instance is None
+    if own_instance:
+        home = ensure_dagster_home(root)
+        instance = dg.DagsterInstance.get()
+    else:
+        home = Path(instance.root_directory) if getattr(instance, "root_directory", None) else None
+    defs = build_definitions(profile, config_file, root, overrides)
+    job = defs.resolve_job_def(JOB_NAME)
+
+    def say(msg: str) -> None:
+        print(msg, file=out, flush=True)
+
+    say(f"spogw run: profile {cfg.profile}, {cfg.iterations} iteration(s), config {cfg.hash[:12]}, "
+        f"benchmark {cfg.benchmark.name} (d={cfg.benchmark.train_queries}, held-out={cfg.benchmark.heldout_queries}), "
+        f"m={cfg.curation.m} n={cfg.curation.n} t={cfg.curation.t}, objective {cfg.training.objective}")
+    say(f"  assets: {root}\n  Dagster instance: {home}  (see it with: DAGSTER_HOME={home} dagster dev)")
+    outcomes: list[IterationOutcome] = []
+    try:
+        for k in range(cfg.iterations):
+            key = iteration_key(k)
+            if not force and _already_reported(store, key, cfg.hash):
+                say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
+                outcomes.append(IterationOutcome(key, "skipped"))
+                continue
+            if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
+                instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
+            say(f"iteration {key}: running {' -> '.join(ASSET_NAMES)}")
+            t0 = time.monotonic()
+            result = job.execute_in_process(
+                partition_key=key, instance=instance, raise_on_error=False,
+                tags={"spogw/iteration": key, "spogw/launched_by": "spogw run"},
+                run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            )
+            o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
+                                 _asset_seconds(result), run_id=result.run_id,
+                                 checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
+            for a in ASSET_NAMES:
+                if a in o.asset_s:
+                    say(f"  {a:<18} {o.asset_s[a]:8.1f} s")
+            failed_checks = [c for c, ok in o.checks.items() if not ok]
+            say(f"  checks: {len(o.checks) - len(failed_checks)}/{len(o.checks)} passed"
+                + (f" (failed: {', '.join(failed_checks)})" if failed_checks else ""))
+            if not result.success:
+                o.error = _failure_message(result)
+                say(f"iteration {key} FAILED after {o.wall_s:.1f} s:\n  " + o.error.replace("\n", "\n  "))
+                outcomes.append(o)
+                break
+            say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
+            outcomes.append(o)
+        say("")
+        say(summary_table(store, cfg.iterations))
+    finally:
+        if own_instance:
+            instance.dispose()
+    return outcomes
+
+
+def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:
+    if not store.exists("benchmark_report", key):
+        return False
+    try:
+        rep = store.read_parquet("benchmark_report", key)
+    except Exception:
+        return False
+    return rep.height > 0 and set(rep["config_hash"].to_list()) == {config_hash}
+
+
+def summary_table(store: AssetStore, iterations: int) -> str:
+    """Held-out solve rate per iteration with its 95% interval, beside the previous policy and the baselines."""
+    import polars as pl
+
+    from .partitions import iteration_key
+
+    rows = []
+    for k in range(iterations):
+        key = iteration_key(k)
+        if store.exists("benchmark_report", key):
+            rows.append(store.read_parquet("benchmark_report", key))
+    if not rows:
+        return "no benchmark_report yet"
+    rep = pl.concat(rows, how="diagonal_relaxed")
+    lines = ["held-out scores per iteration", "",
+             f"{'iteration':>9}  {'system':<16} {'kind':<10} {'solve rate':>10}  {'95% CI':<13} {'valid':>5}  "
+             f"{'executor calls':>14}"]
+    order = pl.col("kind").replace_strict({"checkpoint": 0, "previous": 1, "baseline": 2}, default=3)
+    for r in rep.sort([pl.col("iteration"), order, pl.col("system")]).iter_rows(named=True):
+        lines.append(f"{r['iteration']:>9}  {r['system']:<16} {r['kind']:<10} "
+                     f"{r['solve_rate']:>10.3f}  {r['ci_low']:.3f}-{r['ci_high']:.3f}  {r['valid_rate']:>5.2f}  "
+                     f"{r['llm_calls']:>14}")
+    return "\n".join(lines)

@@ -1,0 +1,198 @@
+"""End to end with the real bundled model (SmolLM2-135M as generator via transformers and as executor via
+llama.cpp), on the `ci` profile: iterations 0 and 1 materialize through the Dagster job; the Parquet files
+and DuckDB views hold the expected rows; iteration 1 names iteration 0's checkpoint; iteration 1 without
+iteration 0's checkpoint fails fast and writes nothing; a rerun of iteration 1 makes zero new executor
+calls and leaves the same row counts; `spogw run` then finds both iterations done and prints the table.
+
+Timings per asset go to test-artifacts/pipeline_ci_timings.json.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from spogw_dagster.pipeline.catalog import query
+from spogw_dagster.pipeline.config import load_config
+from spogw_dagster.pipeline.definitions import build_definitions
+from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.sensors import JOB_NAME
+from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
+
+pytestmark = pytest.mark.model
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def _metadata(result) -> dict[str, dict]:
+    out = {}
+    for ev in result.get_asset_materialization_events():
+        out[ev.asset_key.to_user_string()] = {k: v.value for k, v in ev.materialization.metadata.items()}
+    return out
+
+
+def _counts(store: AssetStore, key: str) -> dict[str, int]:
+    return {t: store.read_parquet(t, key).height for t in ASSET_NAMES + ("heldout_results",)}
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    assets = tmp_path_factory.mktemp("assets")
+    hidden = tmp_path_factory.mktemp("hidden") / "ckpt0"
+    home = tmp_path_factory.mktemp("dagster_home")
+    defs = build_definitions("ci", assets_dir=assets)
+    job = defs.resolve_job_def(JOB_NAME)
+    store = AssetStore(assets)
+    st: dict = {"assets": assets, "store": store, "defs": defs}
+    timings: dict = {}
+
+    def run(key: str, label: str):
+        t0 = time.monotonic()
+        res = job.execute_in_process(partition_key=key, instance=inst, raise_on_error=False)
+        md = _metadata(res)
+        timings[label] = {"total_s": round(time.monotonic() - t0, 1),
+                          **{a: m.get("wall_s") for a, m in md.items()}}
+        return res, md
+
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000", "0001"])
+        st["r0"], st["md0"] = run("0000", "iteration 0")
+        assert st["r0"].success, [e.message for e in st["r0"].all_events if e.is_failure]
+
+        # iteration 1 without iteration 0's checkpoint
+        shutil.move(str(store.adapter_dir("0000")), hidden)
+        st["r1_missing"], _ = run("0001", "iteration 1 without checkpoint 0")
+        st["files_0001_after_missing"] = [str(p) for p in assets.rglob("*0001*")]
+        shutil.move(hidden, str(store.adapter_dir("0000")))
+
+        st["r1"], st["md1"] = run("0001", "iteration 1")
+        assert st["r1"].success, [e.message for e in st["r1"].all_events if e.is_failure]
+        st["counts1"] = _counts(store, "0001")
+        st["sampled1"] = store.read_parquet("sampled_workflows", "0001")
+        st["views1"] = query(store, "select count(*) from execution_scores where iteration = 1")
+
+        st["r1b"], st["md1b"] = run("0001", "iteration 1 rerun")
+        st["counts1b"] = _counts(store, "0001")
+        st["sampled1b"] = store.read_parquet("sampled_workflows", "0001")
+        st["sensor"] = defs.resolve_sensor_def("next_iteration_sensor")(
+            dg.build_sensor_context(instance=inst, definitions=defs))
+        st["mats_1"] = inst.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("sampled_workflows"), asset_partitions=["0001"]), limit=10)
+        try:
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "pipeline_ci_timings.json").write_text(json.dumps(timings, indent=2))
+        except OSError:
+            pass
+        yield st
+
+
+def test_iterations_0_and_1_materialize_with_checks(loop):
+    for r in (loop["r0"], loop["r1"], loop["r1b"]):
+        assert r.success
+        assert {e.asset_key.to_user_string() for e in r.get_asset_materialization_events()} == set(ASSET_NAMES)
+        checks = {e.check_name: e.passed for e in r.get_asset_check_evaluations()}
+        assert len(checks) == 6
+        # the ERROR-severity checks must pass; groups_kept / compared_with_previous only warn
+        for name in ("m_workflows_per_query", "scores_complete", "executor_error_rate",
+                     "loss_finite_and_adapter_reloads"):
+            assert checks[name], name
+
+
+def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
+    cfg = load_config("ci")
+    store: AssetStore = loop["store"]
+    d, m, h = cfg.benchmark.train_queries, cfg.curation.m, cfg.benchmark.heldout_queries
+    for key, it in (("0000", 0), ("0001", 1)):
+        sampled = store.read_parquet("sampled_workflows", key)
+        scores = store.read_parquet("execution_scores", key)
+        assert sampled.height == d * m and scores.height == d * m
+        assert sampled.group_by("query_id").len()["len"].to_list() == [m] * d
+        report = store.read_parquet("benchmark_report", key)
+        assert report["kind"].to_list() == ["checkpoint", "previous", "baseline"]
+        assert report["n"].to_list() == [h, h, h]
+        assert store.read_parquet("heldout_results", key).height == 3 * h
+        ck = store.read_parquet("lora_checkpoint", key)
+        assert ck.height == 1 and Path(ck["adapter_path"][0]) == store.adapter_dir(key)
+        assert (store.adapter_dir(key) / "adapter_model.safetensors").is_file()
+        for t in ASSET_NAMES + ("heldout_results",):
+            assert store.read_parquet(t, key)["iteration"].unique().to_list() in ([it], [])
+    # one view per table, every table with an iteration column, rows per iteration as in the files
+    for t in ASSET_NAMES + ("heldout_results",):
+        rows = dict(query(store, f"select iteration, count(*) from {t} group by 1"))
+        expect = {it: store.read_parquet(t, key).height for key, it in (("0000", 0), ("0001", 1))}
+        assert rows == {k: v for k, v in expect.items() if v}, t
+    assert query(store, "select count(*) from execution_scores where iteration = 1") == loop["views1"]
+    stat = query(store, "select iteration, status, avg(score) from execution_scores group by all order by 1, 2")
+    assert {r[0] for r in stat} == {0, 1}
+    assert query(store, "select count(*) from benchmark_report where kind = 'checkpoint'") == [(2,)]
+
+
+def test_iteration_1_names_iteration_0s_checkpoint(loop):
+    md0, md1 = loop["md0"], loop["md1"]
+    assert md0["sampled_workflows"]["parent_partition"] == "base"
+    parent = md1["sampled_workflows"]["parent_checkpoint"]
+    assert parent["partition"] == "0000"
+    assert parent["path"] == str(loop["store"].adapter_dir("0000"))
+    assert parent["adapter_sha256"] == md0["lora_checkpoint"]["adapter_sha256"]
+    assert md1["lora_checkpoint"]["parent_checkpoint"]["partition"] == "0000"
+    s1 = loop["sampled1"]
+    assert s1["parent_iteration"].unique().to_list() == [0]
+    assert s1["parent_adapter_sha256"].unique().to_list() == [parent["adapter_sha256"]]
+    rep1 = loop["store"].read_parquet("benchmark_report", "0001")
+    assert rep1.filter(pl.col("kind") == "previous")["system"].to_list() == ["spogw@0000"]
+    for md in (md0, md1):  # config hash and code versions recorded everywhere
+        for a in ASSET_NAMES:
+            assert md[a]["config_hash"] == load_config("ci").hash
+
+
+def test_iteration_1_without_checkpoint_0_fails_clearly_and_writes_nothing(loop):
+    r = loop["r1_missing"]
+    assert not r.success
+    fail = next(e for e in r.all_events if e.is_step_failure)
+    assert fail.step_key == "sampled_workflows"
+    msg = fail.step_failure_data.user_failure_data.description
+    assert "lora_checkpoint[0000] is missing" in msg and "Materialize iteration 0000 first" in msg
+    assert r.get_asset_materialization_events() == []
+    assert loop["files_0001_after_missing"] == []
+
+
+def test_rerun_of_iteration_1_is_served_from_the_cache(loop):
+    md1, md1b = loop["md1"], loop["md1b"]
+    first_calls = md1["execution_scores"]["executor_calls"] + md1["benchmark_report"]["executor_cache_hits"] \
+        + md1["benchmark_report"]["executor_new_calls"]
+    assert first_calls > 0  # the baselines at least call the executor
+    assert md1b["execution_scores"]["executor_new_calls"] == 0
+    assert md1b["benchmark_report"]["executor_new_calls"] == 0
+    assert md1b["benchmark_report"]["executor_cache_hits"] > 0
+    assert md1b["execution_scores"]["executor_cache_hits"] == md1b["execution_scores"]["executor_calls"]
+    assert loop["counts1b"] == loop["counts1"]
+    # the same workflows were sampled again (seeded), and the same training run was recognised
+    assert loop["sampled1b"]["completion"].to_list() == loop["sampled1"]["completion"].to_list()
+    assert md1b["lora_checkpoint"]["reused_identical_run"] is True or md1b["lora_checkpoint"]["trained"] is False
+    assert md1b["lora_checkpoint"]["adapter_sha256"] == md1["lora_checkpoint"]["adapter_sha256"]
+    assert len(loop["mats_1"].records) == 2  # both materializations of partition 0001 are in the instance
+
+
+def test_sensor_stops_after_the_configured_iterations(loop):
+    res = loop["sensor"]
+    assert isinstance(res, dg.SkipReason) and "done: 2 iteration(s)" in res.skip_message
+
+
+def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path, monkeypatch):
+    from spogw_dagster.pipeline.loop import run_loop
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    buf = io.StringIO()
+    outcomes = run_loop("ci", assets_dir=loop["assets"], out=buf)
+    text = buf.getvalue()
+    assert [o.status for o in outcomes] == ["skipped", "skipped"]
+    assert "held-out scores per iteration" in text and "spogw@0001" in text and "baseline:io" in text
+    assert (tmp_path / "home" / "dagster.yaml").is_file()
