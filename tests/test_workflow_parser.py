@@ -149,3 +149,69 @@ def test_completion_with_broken_trailing_line_is_repaired():
     parsed = parse_workflow(completion, "math", completion=True)
     assert parsed.repaired is True
     assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nreturn a")
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        # driving an operator's coroutine by hand reaches the event loop (and from there, subprocesses)
+        ("c = self.custom('x')\nfut = c.send(None)\nloop = fut.get_loop()\nreturn await c", "awaited directly"),
+        ("f = self.custom\nreturn await f(instruction='x')", "awaited directly"),
+        ("xs = [self.custom('a'), self.custom('b')]\nreturn await xs[0]", "awaited directly"),
+        ("g = lambda: self.custom('x')\nreturn await g()", "awaited directly"),
+        ("a = await self.custom('x')\nn = a.real\nreturn a", "attribute 'real' is not allowed"),
+        ("a = await self.custom('x')\nm = a.upper\nreturn m()", "called directly"),
+        ("a = await self.custom('x')\nreturn a.encode()", "attribute 'encode' is not allowed"),
+        ("a = await self.custom('x')\nreturn a.throw(ValueError)", "attribute 'throw' is not allowed"),
+    ],
+)
+def test_coroutines_and_non_allow_listed_attributes_are_rejected(body, reason):
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(wf(body), "math")
+    assert ei.value.status == Status.INVALID
+    assert reason in ei.value.reason
+
+
+def test_allow_listed_methods_and_awaited_helper_methods_pass():
+    code = (
+        "import math\n"
+        "class Workflow:\n"
+        "    async def ask(self, s):\n"
+        "        return await self.custom(instruction=s.strip())\n"
+        "    async def run(self):\n"
+        "        parts = ' a, b '.split(',')\n"
+        "        outs = [await self.ask(p) for p in parts]\n"
+        "        n = math.floor(len(outs) / 2)\n"
+        "        return await self.sc_ensemble(solutions=outs[: n + 1])\n"
+    )
+    assert validate(code, "math").operators_used == ("custom", "sc_ensemble")
+    with pytest.raises(WorkflowRejected, match="awaited directly"):
+        validate(code.replace("[await self.ask(p)", "[self.ask(p)"), "math")
+
+
+def test_pathological_nesting_is_invalid_not_a_crash():
+    deep = wf("return " + "-" * 3000 + "1")
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(deep, "math")
+    assert ei.value.status == Status.INVALID
+    with pytest.raises(WorkflowRejected) as ei:
+        parse_workflow("return " + "-" * 3000 + "1\n", "math", completion=True)
+    assert ei.value.status == Status.INVALID
+
+
+def test_reviewers_event_loop_escape_is_rejected():
+    """Found in review: drive an operator coroutine by hand, get the loop, start a subprocess."""
+    code = (
+        "class Workflow:\n"
+        "    def connection_made(self, transport):\n"
+        "        self.out = []\n"
+        "    async def run(self):\n"
+        "        c = self.custom('x')\n"
+        "        fut = c.send(None)\n"
+        "        loop = fut.get_loop()\n"
+        "        tr, pr = await loop.subprocess_exec(lambda: self, '/proc/self/exe', '-c', 'print(1)')\n"
+        "        return str(self.out)\n"
+    )
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(code, "math")
+    assert ei.value.status == Status.INVALID

@@ -24,6 +24,21 @@ SAFE_BUILTINS: frozenset[str] = frozenset({
 # C-implemented module with no submodules: nothing reachable from it by attribute access.
 ALLOWED_IMPORTS: frozenset[str] = frozenset({"math"})
 
+# The only attributes a workflow may touch on values other than `self` and `math`: plain string, list,
+# dict and set methods, and only as the callee of a call. Everything else (coroutine `.send`, future
+# `.get_loop`, `.cr_frame`, `.format`, ...) is out: an allow-list, not a deny-list.
+SAFE_METHODS: frozenset[str] = frozenset({
+    # str
+    "capitalize", "casefold", "center", "count", "endswith", "find", "index", "isalnum", "isalpha",
+    "isdecimal", "isdigit", "islower", "isnumeric", "isspace", "istitle", "isupper", "join", "ljust", "lower",
+    "lstrip", "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex", "rjust", "rpartition",
+    "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase", "title", "upper", "zfill",
+    # list / dict / set
+    "append", "clear", "copy", "extend", "insert", "pop", "remove", "reverse", "sort", "get", "items", "keys",
+    "values", "update", "setdefault", "popitem", "add", "discard", "union", "intersection", "difference",
+    "issubset", "issuperset",
+})
+
 _FORBIDDEN_NODES = (
     ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom, ast.With, ast.AsyncWith, ast.AsyncFor, ast.Match,
 )
@@ -77,13 +92,15 @@ def _longest_parseable_prefix(code: str) -> tuple[str, bool]:
         return code, False
     except SyntaxError:
         pass
+    except (RecursionError, MemoryError, ValueError):
+        raise WorkflowRejected(Status.INVALID, "workflow is too deeply nested to parse") from None
     lines = code.splitlines(keepends=True)
     for end in range(len(lines) - 1, 1, -1):
         prefix = "".join(lines[:end])
         try:
             ast.parse(prefix)
             return prefix, True
-        except SyntaxError:
+        except (SyntaxError, RecursionError, MemoryError, ValueError):
             continue
     raise WorkflowRejected(Status.INVALID, "the workflow code does not parse (syntax error)")
 
@@ -115,9 +132,11 @@ def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits
         raise bad(f"workflow is {len(code)} characters; the limit is {limits.max_chars}")
     try:
         tree = ast.parse(code)
+        nodes = list(ast.walk(tree))
     except SyntaxError as e:
         raise bad(f"syntax error: {e.msg} (line {e.lineno})") from None
-    nodes = list(ast.walk(tree))
+    except (RecursionError, MemoryError, ValueError) as e:  # e.g. thousands of nested unary operators
+        raise bad(f"workflow is too deeply nested to parse ({type(e).__name__})") from None
     if len(nodes) > limits.max_nodes:
         raise bad(f"workflow has {len(nodes)} syntax nodes; the limit is {limits.max_nodes}")
 
@@ -150,6 +169,12 @@ def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits
     bound = _bound_names(tree)
     self_attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                   and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    async_methods = {name for name, m in methods.items() if isinstance(m, ast.AsyncFunctionDef)}
+    module_names = {(a.asname or a.name) for n in imports for a in n.names}
+    parent: dict[int, ast.AST] = {}
+    for node in nodes:
+        for child in ast.iter_child_nodes(node):
+            parent[id(child)] = node
     call_sites = 0
     used: set[str] = set()
     for node in nodes:
@@ -170,12 +195,25 @@ def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits
         if isinstance(node, ast.Attribute):
             if node.attr.startswith("_") or _FRAME_ATTR.match(node.attr) or node.attr in _FORBIDDEN_ATTRS:
                 raise bad(f"attribute {node.attr!r} is not allowed")
-            if isinstance(node.value, ast.Name) and node.value.id == "self" and isinstance(node.ctx, ast.Load):
+            on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+            on_module = isinstance(node.value, ast.Name) and node.value.id in module_names
+            up = parent.get(id(node))
+            if on_self and isinstance(node.ctx, ast.Load):
                 if node.attr in OPERATORS and node.attr not in offered:
                     raise bad(f"operator {node.attr!r} is not offered for {family} benchmarks; "
                               f"offered: {sorted(offered)}")
                 if node.attr not in offered and node.attr not in methods and node.attr not in self_attrs:
                     raise bad(f"`self.{node.attr}` is neither an offered operator nor defined by the workflow")
+                if node.attr in offered or node.attr in async_methods:
+                    # The coroutine must be awaited on the spot: never stored, passed or driven by hand.
+                    awaited = isinstance(up, ast.Call) and up.func is node and isinstance(parent.get(id(up)), ast.Await)
+                    if not awaited:
+                        raise bad(f"`self.{node.attr}(...)` must be called and awaited directly: "
+                                  f"`await self.{node.attr}(...)`")
+            elif not on_self and not on_module:
+                if not (isinstance(up, ast.Call) and up.func is node and node.attr in SAFE_METHODS):
+                    raise bad(f"attribute {node.attr!r} is not allowed (only string, list, dict and set methods, "
+                              f"called directly)")
         if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and (
             "__" in (node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
         ):
@@ -217,6 +255,8 @@ def parse_workflow(text: str, family: str, *, completion: bool = False,
         code = "\n".join(lines[:end]).rstrip() + "\n"
     else:
         code = extract_code(text)
+    if len(code) > limits.max_chars:  # before the repair loop, which parses many prefixes
+        raise WorkflowRejected(Status.INVALID, f"workflow is {len(code)} characters; the limit is {limits.max_chars}")
     code, repaired = _longest_parseable_prefix(code)
     parsed = validate(code, family, limits)
     parsed.repaired = repaired
