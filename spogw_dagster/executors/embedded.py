@@ -1,7 +1,12 @@
 """The embedded executor: the bundled SmolLM2-135M-Instruct GGUF run in-process by llama.cpp.
 
-No server, no key, no download. llama.cpp contexts are not thread-safe, so calls are serialised through
-one lock and run in a worker thread to keep the event loop free.
+No server, no key, no download. Calls run in a worker thread (the event loop stays free) and are
+serialised by a `threading.Lock` taken *inside* that thread: llama.cpp contexts are not thread-safe, and
+cancelling an awaiting caller does not stop its thread, which keeps the lock until llama.cpp is done.
+(An asyncio lock would be released on cancellation while the thread still runs, letting the next call
+use the same context concurrently, which aborts the process; it would also bind to one event loop.)
+A cancelled call therefore still finishes its generation in the background, bounded by its max_tokens,
+and delays the next call by that much.
 """
 
 from __future__ import annotations
@@ -9,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..paths import smollm2_gguf
 from ..types import ChatResult, SamplingParams
@@ -41,11 +48,21 @@ class EmbeddedExecutor:
         self.model = f"{path.stem}@{_file_digest(path)}"
         self._llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or min(os.cpu_count() or 1, 4),
                           verbose=False)
-        self._lock = asyncio.Lock()
+        # held by the worker thread for the whole llama.cpp call; never by the event loop
+        self._lock = threading.Lock()
 
     def _complete(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        """One llama.cpp call, in a worker thread. Takes the lock itself, so the thread holds it until
+        llama.cpp returns even if the awaiting task was cancelled meanwhile."""
+        with self._lock:
+            llm = self._llm
+            if llm is None:
+                raise ExecutorError("embedded model is closed")
+            return self._complete_locked(llm, messages, params)
+
+    def _complete_locked(self, llm: Any, messages: list[dict], params: SamplingParams) -> ChatResult:
         t0 = time.monotonic()
-        out = self._llm.create_chat_completion(
+        out = llm.create_chat_completion(
             messages=messages,
             temperature=params.temperature,
             top_p=params.top_p,
@@ -60,15 +77,20 @@ class EmbeddedExecutor:
                           latency_s=time.monotonic() - t0, model=self.model)
 
     async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
-        async with self._lock:
-            try:
-                return await asyncio.to_thread(self._complete, messages, params)
-            except ValueError as e:  # e.g. the prompt does not fit the context window
-                raise ExecutorError(f"embedded model rejected the request: {e}") from e
-            except Exception as e:  # llama.cpp failures are our infrastructure's, not the workflow's
-                raise ExecutorError(f"embedded model failed: {type(e).__name__}: {e}") from e
+        try:
+            return await asyncio.to_thread(self._complete, messages, params)
+        except ExecutorError:
+            raise
+        except ValueError as e:  # e.g. the prompt does not fit the context window
+            raise ExecutorError(f"embedded model rejected the request: {e}") from e
+        except Exception as e:  # llama.cpp failures are our infrastructure's, not the workflow's
+            raise ExecutorError(f"embedded model failed: {type(e).__name__}: {e}") from e
+
+    def _close(self) -> None:
+        with self._lock:  # waits for a running (possibly abandoned) call to finish first
+            llm, self._llm = self._llm, None
+        if llm is not None and hasattr(llm, "close"):
+            llm.close()
 
     async def aclose(self) -> None:
-        llm, self._llm = self._llm, None
-        if llm is not None:
-            llm.close() if hasattr(llm, "close") else None
+        await asyncio.to_thread(self._close)
