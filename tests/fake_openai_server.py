@@ -14,6 +14,7 @@ Behaviours (a `Behaviour`, or a string shortcut):
     "drop"        close the connection without answering
     "slow"        answer only after `slow(delay_s)` seconds (default 5)
     error(status, message, retry_after=None)   an OpenAI-style error body, optional Retry-After header
+    raw(status, body)   exactly this JSON body (any JSON value) with this status
                   (shortcuts "400", "429", "500", "503": 429 and 503 carry Retry-After: 1)
 
 The answer to a chat request is `answer_fn(body, n)`; by default "echo: <last message content>".
@@ -37,11 +38,12 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class Behaviour:
-    kind: str = "ok"  # ok | no_usage | garbled | no_choices | drop | error
+    kind: str = "ok"  # ok | no_usage | garbled | no_choices | drop | error | raw
     status: int = 200
     message: str = ""
     retry_after: str | None = None
     delay_s: float = 0.0
+    body_json: str = ""  # raw: the body, as JSON text
 
 
 def ok(delay_s: float = 0.0) -> Behaviour:
@@ -55,6 +57,10 @@ def slow(delay_s: float = 5.0) -> Behaviour:
 def error(status: int, message: str = "", retry_after: str | float | None = None, delay_s: float = 0.0) -> Behaviour:
     return Behaviour("error", status=status, message=message or f"fake error {status}",
                      retry_after=None if retry_after is None else str(retry_after), delay_s=delay_s)
+
+
+def raw(status: int, body: Any, delay_s: float = 0.0) -> Behaviour:
+    return Behaviour("raw", status=status, body_json=json.dumps(body), delay_s=delay_s)
 
 
 _SHORTCUTS = {
@@ -259,6 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
                 headers = {"Retry-After": b.retry_after} if b.retry_after is not None else None
                 self._json(b.status, {"error": {"message": b.message, "type": "fake_error", "code": b.status}},
                            headers)
+            elif b.kind == "raw":
+                self._send(b.status, b.body_json.encode())
             elif b.kind == "garbled":
                 self._send(200, b'{"choices": [{"message": {"content": "trunc', content_type="application/json")
             elif b.kind == "no_choices":

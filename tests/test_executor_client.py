@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fake_openai_server import FakeOpenAIServer, error, ok, slow  # noqa: E402
+from fake_openai_server import FakeOpenAIServer, error, ok, raw, slow  # noqa: E402
 
-from spogw_dagster.executors import Executor, ExecutorError, MeteredExecutor  # noqa: E402
+from spogw_dagster.executors import Executor, ExecutorError, MeteredExecutor, PromptTooLongError  # noqa: E402
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor, parse_retry_after  # noqa: E402
 from spogw_dagster.types import SamplingParams, Usage  # noqa: E402
 
@@ -315,3 +315,43 @@ async def test_cancellation_propagates_and_is_not_retried(server):
     await exe.aclose()
     assert server.request_count == 1 and exe.retries == 0
     assert metered.failed_calls == 0 and metered.usage.llm_calls == 0
+
+
+# ---------------------------------------------------------------- prompts longer than the context
+
+
+@pytest.mark.parametrize(
+    "status,body",
+    [
+        # vLLM
+        (400, {"object": "error", "message": "This model's maximum context length is 2048 tokens. However, you "
+               "requested 9000 tokens (8000 in the messages, 1000 in the completion). Please reduce the length "
+               "of the messages or completion.", "type": "BadRequestError", "param": None, "code": 400}),
+        # OpenAI
+        (400, {"error": {"message": "Please reduce the length of the messages.", "type": "invalid_request_error",
+                         "param": "messages", "code": "context_length_exceeded"}}),
+        # llama.cpp server
+        (400, {"error": {"code": 400, "message": "the request exceeds the available context size, try "
+                         "increasing it", "type": "exceed_context_size_error"}}),
+        (413, {"error": {"message": "prompt is too long: 300000 tokens > 200000 maximum"}}),
+    ],
+)
+async def test_context_overflow_is_prompt_too_long_and_not_retried(server, status, body):
+    server.script(raw(status, body))
+    exe = make(server)
+    with pytest.raises(PromptTooLongError) as ei:
+        await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()
+    assert server.request_count == 1
+    e = ei.value
+    assert isinstance(e, ExecutorError) and e.status_code == status and e.attempts == 1 and not e.retryable
+    assert "prompt too long" in str(e)
+
+
+async def test_other_400_is_not_prompt_too_long(server):
+    server.script(error(400, "max_tokens must be at least 1"))
+    exe = make(server)
+    with pytest.raises(ExecutorError) as ei:
+        await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()
+    assert not isinstance(ei.value, PromptTooLongError)

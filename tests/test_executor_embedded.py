@@ -112,3 +112,15 @@ def test_concurrent_calls_from_two_event_loops_in_turn(embedded):
     for _ in range(2):
         rs = asyncio.run(two())
         assert all(isinstance(r, ChatResult) for r in rs), rs
+
+
+async def test_prompt_longer_than_the_context_is_prompt_too_long(embedded):
+    from spogw_dagster.executors import ExecutorError, PromptTooLongError
+    from spogw_dagster.types import SamplingParams
+
+    huge = [{"role": "user", "content": "dragon castle knight " * 3500}]  # ~10k tokens > n_ctx 8192
+    with pytest.raises(PromptTooLongError, match="exceed context window") as ei:
+        await embedded.chat(huge, SamplingParams(max_tokens=4))
+    assert isinstance(ei.value, ExecutorError) and not ei.value.retryable
+    r = await embedded.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4, seed=1))
+    assert r.completion_tokens > 0  # the model is still usable

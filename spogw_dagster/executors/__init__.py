@@ -1,6 +1,7 @@
 """Executors: the LLMs that workflows call.
 
-- `Executor` (the protocol), `ExecutorError`, `MeteredExecutor` (per-run accounting): `base`
+- `Executor` (the protocol), `ExecutorError`, `PromptTooLongError` (the request does not fit the
+  context window: the caller's fault), `MeteredExecutor` (per-run accounting): `base`
 - `OpenAICompatExecutor`: any OpenAI-compatible HTTP endpoint (vLLM, llama.cpp server, hosted APIs)
 - `CallCache`, `CachingExecutor`: the persistent call cache
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spogw_dagster.executors.base import Executor, ExecutorError, MeteredExecutor
+from spogw_dagster.executors.base import Executor, ExecutorError, MeteredExecutor, PromptTooLongError
 from spogw_dagster.executors.cache import CachedCall, CachingExecutor, CallCache, cache_key, is_cacheable
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "Executor",
     "ExecutorError",
     "MeteredExecutor",
+    "PromptTooLongError",
     "OpenAICompatExecutor",
     "CallCache",
     "CachedCall",

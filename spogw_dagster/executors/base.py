@@ -9,7 +9,9 @@ Every executor (OpenAI-compatible HTTP, the embedded llama.cpp model, test fakes
     run_exec.usage        # this run's calls, cached calls, tokens, latency
 
 A call that finally fails raises `ExecutorError`; callers map it to `Status.EXECUTOR_ERROR`
-(our infrastructure failed, not the workflow).
+(our infrastructure failed, not the workflow). One subclass is the workflow's fault, not ours:
+`PromptTooLongError`, a request that does not fit the model's context window (callers map it to a
+workflow runtime error, so a workflow cannot dodge a bad score by blowing up its prompts).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from spogw_dagster.types import ChatResult, SamplingParams, Usage
 
-__all__ = ["Executor", "ExecutorError", "MeteredExecutor"]
+__all__ = ["Executor", "ExecutorError", "MeteredExecutor", "PromptTooLongError"]
 
 
 @runtime_checkable
@@ -53,6 +55,15 @@ class ExecutorError(RuntimeError):
         # True when the last failure was of a retryable kind (the budget ran out), False for a
         # definitive rejection (e.g. HTTP 400). Useful to tell "endpoint flaky" from "request bad".
         self.retryable = retryable
+
+
+class PromptTooLongError(ExecutorError):
+    """The request does not fit the model's context window (the prompt, or prompt + max_tokens).
+
+    Never retried (`retryable` is False): the same request would fail again. Unlike other
+    `ExecutorError`s this is the caller's doing (e.g. a workflow that built a huge prompt), so callers
+    should treat it as the workflow's failure, not as an infrastructure failure.
+    """
 
 
 class MeteredExecutor:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..paths import smollm2_gguf
 from ..types import ChatResult, SamplingParams
-from .base import ExecutorError
+from .base import ExecutorError, PromptTooLongError
 
 
 def _file_digest(path: Path) -> str:
@@ -81,7 +81,10 @@ class EmbeddedExecutor:
             return await asyncio.to_thread(self._complete, messages, params)
         except ExecutorError:
             raise
-        except ValueError as e:  # e.g. the prompt does not fit the context window
+        except ValueError as e:
+            # llama-cpp-python: "Requested tokens (N) exceed context window of M" (the request's fault)
+            if "exceed context window" in str(e):
+                raise PromptTooLongError(f"prompt too long for the embedded model: {e}") from e
             raise ExecutorError(f"embedded model rejected the request: {e}") from e
         except Exception as e:  # llama.cpp failures are our infrastructure's, not the workflow's
             raise ExecutorError(f"embedded model failed: {type(e).__name__}: {e}") from e

@@ -5,7 +5,9 @@
 
 Retries (tenacity, exponential backoff plus jitter) cover HTTP 408/425/429/5xx, connection errors,
 timeouts and garbled replies (invalid JSON, no `choices`). `Retry-After` (seconds or an HTTP date) is
-honoured when a retryable reply carries it, capped by `backoff_max_s`. Any other 4xx fails at once.
+honoured when a retryable reply carries it, capped by `backoff_max_s`. Any other 4xx fails at once;
+a 400/413 saying the request exceeds the model's context (vLLM "maximum context length", OpenAI code
+`context_length_exceeded`, llama.cpp server `exceed_context_size_error`) raises `PromptTooLongError`.
 `max_retries` counts retries, so a call makes at most `max_retries + 1` requests.
 
 The API key is read once, at construction, from the environment variable named by `api_key_env`;
@@ -20,6 +22,7 @@ import json
 import logging
 import os
 import random
+import re
 import time
 from datetime import timezone
 from typing import Any
@@ -27,7 +30,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from spogw_dagster.executors.base import ExecutorError
+from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
 from spogw_dagster.types import ChatResult, SamplingParams
 
 __all__ = ["OpenAICompatExecutor", "parse_retry_after", "UNREACHABLE_HINT"]
@@ -96,6 +99,36 @@ def _error_message(resp: httpx.Response, limit: int = 500) -> str:
     if len(msg) > limit:
         msg = msg[:limit] + "..."
     return msg or "(empty body)"
+
+
+# Error codes/types and message fragments meaning "the request does not fit the context window":
+# OpenAI (code context_length_exceeded), vLLM ("This model's maximum context length is N tokens...",
+# "... is longer than the maximum model length of N"), llama.cpp server (type exceed_context_size_error,
+# "the request exceeds the available context size"), others ("prompt is too long").
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"})
+_CONTEXT_MSG_RE = re.compile(
+    r"maximum context length|context[ _]length[ _]exceeded|exceeds? the (?:available )?context"
+    r"|exceed(?:s|ed)? context window|longer than the maximum model length|prompt is too long"
+    r"|prompt too long|too many tokens in (?:the )?prompt",
+    re.I,
+)
+CONTEXT_OVERFLOW_STATUS = frozenset({400, 413})
+
+
+def _is_context_overflow(resp: httpx.Response) -> bool:
+    """Whether an error reply says the request is longer than the model's context window."""
+    try:
+        data = json.loads(resp.text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            for field in ("code", "type"):
+                v = err.get(field)
+                if isinstance(v, str) and v.lower() in _CONTEXT_CODES:
+                    return True
+    return bool(_CONTEXT_MSG_RE.search(_error_message(resp, limit=2000)))
 
 
 class OpenAICompatExecutor:
@@ -237,6 +270,10 @@ class OpenAICompatExecutor:
         if status in RETRYABLE_STATUS:
             raise _Retryable(self._scrub(f"HTTP {status}: {_error_message(resp)}"), status_code=status,
                              retry_after=parse_retry_after(resp.headers.get("retry-after")))
+        if status in CONTEXT_OVERFLOW_STATUS and _is_context_overflow(resp):
+            raise PromptTooLongError(self._scrub(
+                f"prompt too long: HTTP {status} from {self._chat_url} (model {self.model!r}): "
+                f"{_error_message(resp)}"), status_code=status)
         if status >= 400:
             hint = ""
             if status in (401, 403):
