@@ -355,3 +355,74 @@ async def test_other_400_is_not_prompt_too_long(server):
         await exe.chat(MSGS, SamplingParams())
     await exe.aclose()
     assert not isinstance(ei.value, PromptTooLongError)
+
+
+# ---------------------------------------------------------------- odd replies never escape as other errors
+
+
+def _reply(content, usage=None):
+    body = {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                                          "content": content}}]}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+async def test_content_parts_with_null_text(server):
+    server.script(raw(200, _reply([{"type": "text", "text": None}, {"type": "text", "text": "hi"},
+                                   {"type": "image_url"}, "junk"], {"prompt_tokens": 3, "completion_tokens": 1})))
+    exe = make(server)
+    r = await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()
+    assert r.text == "hi" and (r.prompt_tokens, r.completion_tokens) == (3, 1) and server.request_count == 1
+
+
+def _raw_text(text: str):
+    from fake_openai_server import Behaviour
+
+    return Behaviour("raw", status=200, body_json=text)
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        raw(200, _reply([{"type": "text", "text": 5}])),  # a part's text is not a string
+        raw(200, {"choices": [None]}),
+        _raw_text("[" * 100_000 + "]" * 100_000),  # too deep for the JSON parser: RecursionError, not ValueError
+    ],
+    ids=["part-text-int", "choice-null", "deep-json"],
+)
+async def test_garbled_replies_are_retried_then_fail_as_executor_error(server, behaviour):
+    server.default = behaviour
+    exe = make(server, max_retries=1)
+    with pytest.raises(ExecutorError, match="garbled") as ei:
+        await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()
+    assert ei.value.retryable and ei.value.attempts == 2 and server.request_count == 2
+
+
+async def test_unexpected_parse_failure_is_a_retryable_garbled_reply(server, monkeypatch):
+    calls = []
+
+    def broken(self, resp):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("surprise")
+        return "fine", 1, 1, True
+
+    monkeypatch.setattr(OpenAICompatExecutor, "_parse_reply", broken)
+    exe = make(server)
+    r = await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()
+    assert r.text == "fine" and server.request_count == 2 and exe.retries == 1
+
+
+async def test_only_executor_error_escapes_chat(server, monkeypatch):
+    async def boom(self, *a, **k):
+        raise TypeError("unforeseen")
+
+    monkeypatch.setattr(OpenAICompatExecutor, "_attempt", boom)
+    exe = make(server)
+    with pytest.raises(ExecutorError, match="unforeseen"):
+        await exe.chat(MSGS, SamplingParams())
+    await exe.aclose()

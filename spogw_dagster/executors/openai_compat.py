@@ -80,7 +80,7 @@ def _error_message(resp: httpx.Response, limit: int = 500) -> str:
     text = resp.text
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     msg: Any = None
     if isinstance(data, dict):
@@ -119,7 +119,7 @@ def _is_context_overflow(resp: httpx.Response) -> bool:
     """Whether an error reply says the request is longer than the model's context window."""
     try:
         data = json.loads(resp.text)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if isinstance(data, dict):
         err = data.get("error")
@@ -284,6 +284,17 @@ class OpenAICompatExecutor:
                 f"(model {self.model!r}): {_error_message(resp)}{hint}"), status_code=status)
 
         try:
+            return self._parse_reply(resp)
+        except _Retryable:
+            raise
+        except Exception as e:  # anything unexpected in a 2xx body is a garbled reply, worth a retry
+            raise _Retryable(self._scrub(f"garbled reply (HTTP {status}): {type(e).__name__}: {e}"),
+                             status_code=status) from None
+
+    def _parse_reply(self, resp: httpx.Response) -> tuple[str, int, int, bool]:
+        """(text, prompt_tokens, completion_tokens, has_usage) of a 2xx reply; `_Retryable` if garbled."""
+        status = resp.status_code
+        try:
             data = resp.json()
         except ValueError:
             raise _Retryable(self._scrub(f"garbled reply: invalid JSON (HTTP {status}): {resp.text[:200]!r}"),
@@ -300,22 +311,30 @@ class OpenAICompatExecutor:
             text = ""
         elif isinstance(content, str):
             text = content
-        elif isinstance(content, list):  # content parts
-            text = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        elif isinstance(content, list):  # content parts; a part's "text" may be null
+            texts = []
+            for part in content:
+                if not isinstance(part, dict):
+                    continue
+                t = part.get("text")
+                if t is None:
+                    continue
+                if not isinstance(t, str):
+                    raise _Retryable(f"garbled reply: content part text of type {type(t).__name__}",
+                                     status_code=status)
+                texts.append(t)
+            text = "".join(texts)
         else:
             raise _Retryable(f"garbled reply: content of type {type(content).__name__}", status_code=status)
 
         usage = data.get("usage")
         has_usage = isinstance(usage, dict)
         usage = usage if has_usage else {}
-        prompt_tokens = usage.get("prompt_tokens")
-        completion_tokens = usage.get("completion_tokens")
-        return (
-            text,
-            prompt_tokens if isinstance(prompt_tokens, int) else 0,
-            completion_tokens if isinstance(completion_tokens, int) else 0,
-            has_usage,
-        )
+
+        def count(v: Any) -> int:
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+        return text, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), has_usage
 
     # ------------------------------------------------------------------ public API
 
@@ -347,6 +366,11 @@ class OpenAICompatExecutor:
         except ExecutorError as e:
             e.attempts = attempts
             raise
+        except Exception as e:  # a bug of ours or an oddity we did not foresee: still only ExecutorError escapes
+            raise ExecutorError(self._scrub(
+                f"executor call to {self._chat_url} (model {self.model!r}) failed unexpectedly after "
+                f"{attempts} attempt{'s' if attempts != 1 else ''}: {type(e).__name__}: {e}"),
+                attempts=attempts) from e
         if not has_usage:
             self.missing_usage_calls += 1
             if not self._warned_missing_usage:
