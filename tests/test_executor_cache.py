@@ -238,3 +238,31 @@ def test_memory_cache_and_first_write_wins():
         assert c.get("k") == ("first", 1, 2, "m") and "k" in c and "x" not in c and len(c) == 1
     with pytest.raises(RuntimeError, match="closed"):
         c.get("k")
+
+
+# ---------------------------------------------------------------- factory: endpoints get their own keys
+
+
+async def test_make_executor_keeps_endpoints_with_the_same_model_name_apart(tmp_path):
+    from spogw_dagster.executors.factory import make_executor
+
+    path = tmp_path / "calls.sqlite"
+    with FakeOpenAIServer(answer_fn=lambda body, n: "weights A") as a, \
+            FakeOpenAIServer(answer_fn=lambda body, n: "weights B") as b:
+        assert a.model == b.model
+        ex_a = make_executor(a.base_url, a.model, cache_path=path, api_key_env=None)
+        ex_b = make_executor(b.base_url + "/", b.model, cache_path=path, api_key_env=None)
+        key_a = cache_key(ex_a.model, MSGS, GREEDY, ex_a.namespace)
+        key_b = cache_key(ex_b.model, MSGS, GREEDY, ex_b.namespace)
+        assert key_a != key_b
+        assert ex_a.namespace == a.base_url and ex_b.namespace == b.base_url  # trailing slash normalised
+        assert (await ex_a.chat(MSGS, GREEDY)).text == "weights A"
+        rb = await ex_b.chat(MSGS, GREEDY)
+        assert rb.text == "weights B" and not rb.cached  # not served A's entry
+        assert b.request_count == 1
+        again = make_executor(a.base_url, a.model, cache_path=path, api_key_env=None)
+        ra = await again.chat(MSGS, GREEDY)
+        assert ra.cached and ra.text == "weights A" and a.request_count == 1
+        for ex in (ex_a, ex_b, again):
+            await ex.aclose()
+            ex.cache.close()
