@@ -11,8 +11,7 @@ return a Polars frame (stored by the Parquet IO manager) and attach the metadata
 """
 
 import asyncio
-import json
-import shutil
+import logging
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,6 +29,14 @@ from .rewards import Ladder
 from .versions import code_version
 
 GROUP = "spogw"
+# Progress lines for terminals (`spogw run` prints this logger); the same text goes to the Dagster event log.
+PROGRESS = logging.getLogger("spogw.progress")
+
+
+def _say(context, msg: str) -> None:
+    context.log.info(msg)
+    asset = context.assets_def.key.to_user_string()
+    PROGRESS.info("[%s] %-17s %s", context.partition_key, asset, msg)
 
 
 def _seed(*parts: Any) -> int:
@@ -96,7 +103,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
         problems = spogw.train_queries()
         family = problems[0].family
         seed = _seed(cfg.generator.seed, "sample", k)
-        context.log.info(f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} "
+        _say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} "
                          f"queries from {'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
         prompts, samples, tps = _generate(spogw, parent.path if parent else None, problems, n=cfg.curation.m,
                                           temperature=cfg.generator.temperature, seed=seed)
@@ -120,6 +127,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "generation_tokens_per_s": dg.MetadataValue.float(round(tps, 2)),
             "seed": dg.MetadataValue.int(seed),
         })
+        _say(context, f"{df.height} workflows, parse status {parse}, {tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
         return df
 
     @dg.asset(**spec("execution_scores", "Every sampled workflow executed R times in the sandbox against the "
@@ -148,7 +156,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
                 res = await evaluate_jobs(jobs, ex.executor, iso, cfg, seed=cfg.execution.seed)
                 return res, ex.counters(), ex.model
 
-        context.log.info(f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
+        _say(context, f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
                          f"isolation={iso.kind}")
         results, counters, executor_model = asyncio.run(run())
         ladder = Ladder(**cfg.reward.model_dump())
@@ -174,6 +182,8 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "isolation": dg.MetadataValue.text(iso.kind),
             "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
         })
+        _say(context, f"status {statuses}, mean reward {float(df['score'].mean() or 0):.3f}, executor calls "
+                      f"{counters['new_calls']} new / {counters['cache_hits']} cached, {time.monotonic() - t0:.1f} s")
         return df
 
     @dg.asset(**spec("screened_groups", "Executor errors and near-duplicate workflows removed, groups of n formed "
@@ -210,6 +220,8 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "mean_group_std": dg.MetadataValue.float(round(float(screened["score_std"].mean() or 0.0), 4)
                                                      if screened.height else 0.0),
         })
+        _say(context, f"{screened.height}/{groups.height} groups kept; dropped rows {row_reasons or {}}, "
+                      f"dropped groups {group_reasons or {}}")
         return out
 
     @dg.asset(**spec("sharpened_groups", "Top-t and bottom-t workflows of each kept group, with group-normalised "
@@ -235,6 +247,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "duplicate_groups_dropped": dg.MetadataValue.int(dropped.height),
             "group_size": dg.MetadataValue.int(2 * cc.t),
         })
+        _say(context, f"{members.height} sharpened members in {members['group_id'].n_unique() if members.height else 0} groups")
         return members
 
     @dg.asset(**spec("lora_checkpoint", "LoRA adapter of iteration k trained on the sharpened groups (objective "
@@ -260,7 +273,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
         tcfg = cfg.train_config()
         steps: list[dict[str, Any]] = []
         if examples:
-            context.log.info(f"training {tcfg.objective} on {len(examples)} examples "
+            _say(context, f"training {tcfg.objective} on {len(examples)} examples "
                              f"(previous adapter: {parent.partition if parent else 'none'})")
             res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
                              previous_adapter=parent.path if parent else None,
@@ -306,6 +319,9 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
                                                          {"kl": kls} if kls else None))
             md["last_loss"] = dg.MetadataValue.float(float(losses[-1]))
         context.add_output_metadata(md)
+        _say(context, ("trained" if trained else "carried forward (no data)") + f" on {len(examples)} examples, "
+                      f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
+                      + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
         return tables.checkpoint_frame(row)
 
     @dg.asset(**spec("benchmark_report", "Held-out solve rate (95% Wilson interval) and cost of checkpoint k beside "
@@ -374,7 +390,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
                 res = await evaluate_jobs(flat, ex.executor, iso, cfg, seed=rep.seed)
                 return res, ex.counters()
 
-        context.log.info(f"scoring {len(systems)} systems on {len(problems)} held-out queries"
+        _say(context, f"scoring {len(systems)} systems on {len(problems)} held-out queries"
                          + (f" ({prev_system} reused from benchmark_report[{parent.partition}])" if reused_prev is not None else ""))
         results, counters = asyncio.run(run())
         parts: list[pl.DataFrame] = []
@@ -408,6 +424,8 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "heldout_results": dg.MetadataValue.path(str(store.parquet_path("heldout_results", key))),
             "isolation": dg.MetadataValue.text(iso.kind),
         })
+        _say(context, " | ".join(f"{r['system']} {r['solve_rate']:.3f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+                                 for r in report.iter_rows(named=True)) + f"; {time.monotonic() - t0:.1f} s")
         return report
 
     return [sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint, benchmark_report]

@@ -10,6 +10,7 @@ the loop ends with a table of held-out scores per iteration.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -114,6 +115,13 @@ def run_loop(
     def say(msg: str) -> None:
         print(msg, file=out, flush=True)
 
+    progress = logging.getLogger("spogw.progress")
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("  %(asctime)s %(message)s", "%H:%M:%S"))
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+
     say(f"spogw run: profile {cfg.profile}, {cfg.iterations} iteration(s), config {cfg.hash[:12]}, "
         f"benchmark {cfg.benchmark.name} (d={cfg.benchmark.train_queries}, held-out={cfg.benchmark.heldout_queries}), "
         f"m={cfg.curation.m} n={cfg.curation.n} t={cfg.curation.t}, objective {cfg.training.objective}")
@@ -154,6 +162,7 @@ def run_loop(
         say("")
         say(summary_table(store, cfg.iterations))
     finally:
+        progress.removeHandler(handler)
         if own_instance:
             instance.dispose()
     return outcomes
