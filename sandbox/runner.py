@@ -7,13 +7,16 @@ Protocol: one JSON object per line.
                                   "imports": [str], "max_print_bytes": int}
   child -> parent:               {"type": "call", "id": int, "op": str, "args": [...], "kwargs": {...}}
   parent -> child:               {"type": "reply", "id": int, "ok": bool, "value": str | "error": str}
+  child -> parent, right after init: {"type": "ready"}  (tells a sandbox that failed to start apart)
   child -> parent, last line:    {"type": "result", "answer": str}
-                              or {"type": "error", "status": "runtime_error" | "invalid", "message": str}
+                              or {"type": "error", "status": "runtime_error" | "sandbox_violation", "message": str}
 
 The workflow code was validated by the parent (AST allow-list) before it got here; this side adds a
 second wall: the code runs with a builtins dict holding only the allow-listed names, and the protocol
 file descriptor is not reachable from the workflow (fd 1 is pointed at /dev/null, prints go to a capped
-buffer).
+buffer), and an audit hook refuses process creation, sockets, ctypes, file opens and new imports once
+the workflow starts: a tripwire that turns an escape attempt into `sandbox_violation` (the OS isolation is
+what actually holds; see spogw_dagster/isolation.py).
 """
 
 import asyncio
@@ -24,6 +27,33 @@ import os
 import sys
 import threading
 import traceback
+
+
+_BLOCKED_EVENTS = frozenset({
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+    "subprocess.Popen", "open", "os.putenv", "os.unsetenv", "os.chdir", "os.remove", "os.rename", "os.rmdir",
+    "os.mkdir", "os.symlink", "os.link", "os.truncate", "shutil.rmtree", "sys._getframe",
+    "sys._current_frames", "code.__new__", "function.__new__", "object.__setattr__", "object.__delattr__",
+    "sys.setrecursionlimit", "sys.settrace", "sys.setprofile", "resource.setrlimit", "mmap.__new__", "pty.spawn",
+})
+_violation = []  # the first blocked event, reported at the end even if the workflow swallowed the error
+
+
+def _install_tripwire():
+    allowed_modules = frozenset(sys.modules) | {"math"}
+
+    def hook(event, args):
+        blocked = (
+            event in _BLOCKED_EVENTS
+            or event.startswith(("socket.", "ctypes.", "os.set", "signal."))
+            or (event == "import" and args and args[0] not in allowed_modules)
+        )
+        if blocked:
+            if not _violation:
+                _violation.append(event)
+            raise PermissionError(f"sandbox: {event} is not allowed in a workflow")
+
+    sys.addaudithook(hook)
 
 
 class OperatorError(Exception):
@@ -152,16 +182,22 @@ def main():
     init = json.loads(line)
     sys.stdout = _CappedWriter(int(init.get("max_print_bytes", 65536)))
     channel = Channel(proto_fd, sys.stdin.buffer)
+    channel.send({"type": "ready"})
+    import math  # noqa: F401  (the one module a workflow may import; loaded before the tripwire)
+
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     channel.start_reader(loop)
+    _install_tripwire()
     try:
         answer = loop.run_until_complete(_run(channel, init))
+        if _violation:
+            raise PermissionError(f"sandbox: {_violation[0]} was attempted")
         channel.send({"type": "result", "answer": answer})
     except BaseException as exc:  # report everything; the parent decides the status
         tb = traceback.format_exception_only(type(exc), exc)
-        channel.send({"type": "error", "status": "runtime_error", "exc_type": type(exc).__name__,
-                      "message": "".join(tb).strip()[-2000:]})
+        channel.send({"type": "error", "status": "sandbox_violation" if _violation else "runtime_error",
+                      "exc_type": type(exc).__name__, "message": "".join(tb).strip()[-2000:]})
     finally:
         sys.stdout = sys.__stdout__
     os._exit(0)  # skip interpreter teardown: daemon reader thread may still block on stdin

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .cgroups import RunCgroup
+from .cgroups import manager as cgroup_manager
 from .types import Status
 
 DOCKER_IMAGE = "spogw-sandbox:latest"
@@ -35,6 +37,12 @@ DOCKER_IMAGE = "spogw-sandbox:latest"
 
 class SandboxUnavailableError(RuntimeError):
     pass
+
+
+class SandboxStartError(RuntimeError):
+    """The sandbox itself failed to start (bwrap, setpriv, docker or python did not come up).
+
+    Our infrastructure, not the program: callers must not turn it into a score."""
 
 
 @dataclass(frozen=True)
@@ -136,8 +144,10 @@ def _try_bwrap() -> tuple[Isolation | None, str]:
     setpriv = shutil.which("setpriv", path="/usr/bin:/bin") or "" if os.geteuid() == 0 else ""
     if os.geteuid() == 0 and not setpriv:
         return None, "running as root but util-linux `setpriv` is missing (apt-get install util-linux)"
+    cg = cgroup_manager()
     iso = Isolation("bwrap", bwrap=bwrap, setpriv=setpriv,
-                    detail="root+setpriv" if setpriv else "user namespace")
+                    detail=("root+setpriv" if setpriv else "user namespace")
+                    + (f", cgroup {cg.kind} memory+pids" if cg.available else f", rlimits only ({cg.why_not})"))
     ok, why = _probe(_wrap(iso, [sys.executable, "-I", "-S", "-c", "pass"], Limits(), []))
     if not ok:
         return None, f"probe failed: {why}"
@@ -165,7 +175,7 @@ def runner_path() -> Path:
 
 
 def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]],
-          uid: int | None = None) -> list[str]:
+          uid: int | None = None, container: str | None = None) -> list[str]:
     """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path).
     uid: the unprivileged uid the code runs as under bwrap-as-root (fresh per run by default)."""
     if iso.kind == "bwrap":
@@ -204,7 +214,8 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
             cmd += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL", "--"]
         return cmd + argv
     if iso.kind == "docker":
-        cmd = ["docker", "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "ALL",
+        cmd = ["docker", "run", "--rm", "-i", "--init", "--name", container or f"spogw-{os.getpid()}-{fresh_uid()}",
+               "--network", "none", "--read-only", "--cap-drop", "ALL",
                "--security-opt", "no-new-privileges", "--pids-limit", str(limits.nproc),
                "--memory", f"{limits.memory_mb}m", "--cpus", "1", "--user", "65534:65534",
                "--tmpfs", f"/tmp:rw,size={limits.scratch_mb}m,mode=1777", "--workdir", "/tmp",
@@ -227,9 +238,11 @@ def fresh_uid() -> int:
     return random.SystemRandom().randrange(*SANDBOX_UID_RANGE)
 
 
-def _preexec(limits: Limits, kind: str):
+def _preexec(limits: Limits, kind: str, cgroup: RunCgroup | None = None):
     def apply() -> None:
         os.setsid()
+        if cgroup is not None:  # before exec: every process of the sandbox is born inside the group
+            cgroup.join()
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.fsize_mb << 20, limits.fsize_mb << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
@@ -251,6 +264,8 @@ class Spawned:
     proc: asyncio.subprocess.Process
     scratch: tempfile.TemporaryDirectory | None
     uid: int | None = None  # the uid the sandboxed code runs as (bwrap as root), for auditing
+    cgroup: RunCgroup | None = None  # the run's memory/pids budget, when cgroups are usable
+    container: str | None = None  # docker: the container's name, to kill it (killing the client does not)
     started: float = field(default_factory=time.monotonic)
 
     def kill(self) -> None:
@@ -262,29 +277,51 @@ class Spawned:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def oom_killed(self) -> bool:
+        return self.cgroup is not None and self.cgroup.oom_killed()
+
     async def close(self) -> None:
         self.kill()
+        if self.container:
+            try:
+                k = await asyncio.create_subprocess_exec("docker", "kill", self.container,
+                                                         stdout=asyncio.subprocess.DEVNULL,
+                                                         stderr=asyncio.subprocess.DEVNULL)
+                await asyncio.wait_for(k.wait(), 20)
+            except (OSError, asyncio.TimeoutError):
+                pass
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
         except asyncio.TimeoutError:
             pass
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.destroy)
         if self.scratch is not None:
             self.scratch.cleanup()
 
 
 async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]] = ()) -> Spawned:
     uid = fresh_uid() if iso.kind == "bwrap" and iso.setpriv else None
-    cmd = _wrap(iso, argv, limits, list(ro_files), uid)
+    container = f"spogw-{os.getpid()}-{fresh_uid()}" if iso.kind == "docker" else None
+    cmd = _wrap(iso, argv, limits, list(ro_files), uid, container)
     scratch = None
     cwd = None
     if iso.kind == "none":
         scratch = tempfile.TemporaryDirectory(prefix="spogw-run-")
         cwd = scratch.name
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env=scrubbed_env(), cwd=cwd, preexec_fn=_preexec(limits, iso.kind), limit=limits.max_output_bytes,
-    )
-    return Spawned(proc, scratch, uid)
+    cg = None
+    if iso.kind != "docker" and cgroup_manager().available:  # docker has its own --memory/--pids-limit
+        cg = cgroup_manager().create(limits.memory_mb << 20, limits.nproc + 2)  # +2: bwrap and its init
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=scrubbed_env(), cwd=cwd, preexec_fn=_preexec(limits, iso.kind, cg), limit=limits.max_output_bytes,
+        )
+    except OSError as e:  # EAGAIN, EMFILE, a missing binary: the sandbox could not start
+        if cg is not None:
+            cg.destroy()
+        raise SandboxStartError(f"could not start the sandbox process: {e}") from e
+    return Spawned(proc, scratch, uid, cg, container)
 
 
 def signal_status(returncode: int | None) -> Status | None:
@@ -322,15 +359,37 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, sink: bytearray) 
             return True
 
 
+# Printed by the bootstrap before the program is even compiled: its absence means the sandbox never came up.
+_READY = "\x00spogw-sandbox-ready"
+_BOOT = ("import sys; sys.stderr.write(%r + '\\n'); sys.stderr.flush(); "
+         "exec(compile(sys.stdin.read(), '<program>', 'exec'), {'__name__': '__main__'})" % _READY)
+_CODE_SLOTS: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+
+def _code_slots() -> asyncio.Semaphore:
+    """Bound the code runs in flight per event loop: each may take its whole memory budget."""
+    loop = asyncio.get_running_loop()
+    if loop not in _CODE_SLOTS:
+        _CODE_SLOTS.clear()  # old loops are gone
+        _CODE_SLOTS[loop] = asyncio.Semaphore(max(2, os.cpu_count() or 2))
+    return _CODE_SLOTS[loop]
+
+
 async def run_code(program: str, iso: Isolation, limits: Limits | None = None) -> CodeRunResult:
     """Run a Python program (untrusted: generated code, or a solution plus hidden tests) in the sandbox.
 
     status ok with returncode 0 means it ran to the end; runtime_error covers exceptions, failed asserts,
-    memory or output limits; timeout covers the wall clock and the CPU-time limit.
+    memory or output limits; timeout covers the wall clock and the CPU-time limit. Raises
+    SandboxStartError when the sandbox itself did not come up (never a score).
     """
     limits = limits or Limits(wall_s=15, cpu_s=10)
+    async with _code_slots():
+        return await _run_code(program, iso, limits)
+
+
+async def _run_code(program: str, iso: Isolation, limits: Limits) -> CodeRunResult:
     t0 = time.monotonic()
-    sp = await spawn(iso, [sys.executable, "-I", "-S", "-"], limits)
+    sp = await spawn(iso, [sys.executable, "-I", "-S", "-c", _BOOT], limits)
     out, err = bytearray(), bytearray()
     try:
         sp.proc.stdin.write(program.encode())
@@ -360,17 +419,24 @@ async def run_code(program: str, iso: Isolation, limits: Limits | None = None) -
     finally:
         for t in readers:
             t.cancel()
+        oom = sp.oom_killed()
         await sp.close()
         await asyncio.gather(*readers, return_exceptions=True)
     rc = sp.proc.returncode
+    stderr = err.decode(errors="replace")
+    started = _READY in stderr
+    stderr = stderr.replace(_READY + "\n", "", 1)
+    if not started and status != Status.TIMEOUT:
+        raise SandboxStartError(f"the {iso.kind} sandbox did not start (rc={rc}): {stderr.strip()[-300:]}")
     if status == Status.OK:
         by_signal = signal_status(rc)
-        if by_signal is not None:
+        if oom:
+            status, error = Status.RUNTIME_ERROR, f"memory limit of {limits.memory_mb} MB exceeded"
+        elif by_signal is not None:
             status = by_signal
             error = "CPU-time limit exceeded" if by_signal == Status.TIMEOUT else f"killed by signal (rc={rc})"
         elif rc != 0:
             status = Status.RUNTIME_ERROR
-            lines = err.decode(errors="replace").strip().splitlines()
+            lines = stderr.strip().splitlines()
             error = lines[-1] if lines else f"exit code {rc}"
-    return CodeRunResult(status, rc, out.decode(errors="replace"), err.decode(errors="replace"), iso.kind,
-                         time.monotonic() - t0, error)
+    return CodeRunResult(status, rc, out.decode(errors="replace"), stderr, iso.kind, time.monotonic() - t0, error)

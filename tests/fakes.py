@@ -27,3 +27,29 @@ class ScriptedExecutor:
 
     async def aclose(self):
         pass
+
+
+class SlowExecutor(ScriptedExecutor):
+    """Answers after `delay` seconds (a slow or retrying endpoint)."""
+
+    def __init__(self, delay: float, **kw):
+        super().__init__(**kw)
+        self.delay = delay
+
+    async def chat(self, messages, params):
+        import asyncio
+
+        await asyncio.sleep(self.delay)
+        return await super().chat(messages, params)
+
+
+class BrokenExecutor(ScriptedExecutor):
+    """Raises `exc` from every call (a bug or an unexpected failure inside an executor)."""
+
+    def __init__(self, exc: BaseException, **kw):
+        super().__init__(**kw)
+        self.exc = exc
+
+    async def chat(self, messages, params):
+        self.calls.append((messages, params))
+        raise self.exc

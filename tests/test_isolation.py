@@ -61,3 +61,35 @@ def test_signal_status_maps_cpu_limit_to_timeout_and_kills_to_runtime_error():
 def test_unknown_isolation_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown isolation 'chroot'"):
         detect_isolation("chroot")
+
+
+async def test_a_sandbox_that_does_not_start_raises_instead_of_scoring():
+    from spogw_dagster.isolation import SandboxStartError
+
+    with pytest.raises(SandboxStartError, match="did not start"):
+        await run_code("print(1)", Isolation("bwrap", bwrap="/bin/false"), LIMITS)
+
+
+async def test_memory_budget_covers_all_processes_of_a_run():
+    """rlimits are per process; the run's cgroup caps the sandbox as a whole (when cgroups are usable)."""
+    from spogw_dagster.cgroups import manager
+
+    iso = detect_isolation()
+    if iso.kind != "bwrap" or not manager().available:
+        pytest.skip(f"no cgroup budget here ({manager().why_not})")
+    prog = ("import os, time\n"
+            "kids = []\n"
+            "for i in range(4):\n"
+            "    pid = os.fork()\n"
+            "    if pid == 0:\n"
+            "        b = bytearray(300 * 1024 * 1024)\n"
+            "        time.sleep(2)\n"
+            "        os._exit(0)\n"
+            "    kids.append(pid)\n"
+            "for k in kids:\n"
+            "    os.waitpid(k, 0)\n"
+            "print('all done')\n")
+    res = await run_code(prog, iso, Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=8))
+    assert res.status == Status.RUNTIME_ERROR and "memory limit" in res.error, (res.status, res.error)
+    small = await run_code(prog.replace("300 * 1024", "50 * 1024"), iso, Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=8))
+    assert small.status == Status.OK and "all done" in small.stdout

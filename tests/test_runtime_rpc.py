@@ -86,12 +86,13 @@ async def test_returning_none_is_runtime_error(iso):
     assert res.status == Status.RUNTIME_ERROR and "returned None" in res.error
 
 
+READY = "print(json.dumps({'type': 'ready'}), flush=True)\n"
 FORGERS = {
-    "garbage": "import sys\nsys.stdin.readline()\nprint('not json', flush=True)\n",
-    "huge_line": "import sys\nsys.stdin.readline()\nsys.stdout.write('x' * 5_000_000)\nsys.stdout.flush()\n",
-    "unknown_type": "import sys, json\nsys.stdin.readline()\nprint(json.dumps({'type': 'shell', 'cmd': 'id'}), flush=True)\n",
-    "non_string_result": "import sys, json\nsys.stdin.readline()\nprint(json.dumps({'type': 'result', 'answer': [1]}), flush=True)\n",
-    "silent_exit": "import sys\nsys.stdin.readline()\n",
+    "garbage": "import sys, json\nsys.stdin.readline()\n" + READY + "print('not json', flush=True)\n",
+    "huge_line": "import sys, json\nsys.stdin.readline()\n" + READY + "sys.stdout.write('x' * 5_000_000)\nsys.stdout.flush()\n",
+    "unknown_type": "import sys, json\nsys.stdin.readline()\n" + READY + "print(json.dumps({'type': 'shell', 'cmd': 'id'}), flush=True)\n",
+    "non_string_result": "import sys, json\nsys.stdin.readline()\n" + READY + "print(json.dumps({'type': 'result', 'answer': [1]}), flush=True)\n",
+    "silent_exit": "import sys, json\nsys.stdin.readline()\n" + READY,
 }
 
 
@@ -111,7 +112,7 @@ async def test_a_misbehaving_child_cannot_forge_a_result(iso, tmp_path, name):
 async def test_unknown_operator_request_is_refused_not_executed(iso, tmp_path):
     script = tmp_path / "runner.py"
     script.write_text(
-        "import sys, json\nsys.stdin.readline()\n"
+        "import sys, json\nsys.stdin.readline()\n" + READY +
         "print(json.dumps({'type': 'call', 'id': 1, 'op': 'code_generate', 'args': ['x'], 'kwargs': {}}), flush=True)\n"
         "reply = json.loads(sys.stdin.readline())\n"
         "print(json.dumps({'type': 'result', 'answer': json.dumps(reply)}), flush=True)\n")
@@ -131,3 +132,50 @@ async def test_runner_writes_only_json_lines_to_the_protocol_channel(iso, tmp_pa
               "return await self.custom(instruction='x')")
     res = await execute_workflow(code, MATH, ScriptedExecutor(reply="real"), iso, limits=FAST)
     assert res.status == Status.OK and res.answer == "real"
+
+
+async def test_time_spent_in_operator_calls_does_not_count_against_the_workflow(iso):
+    """A slow executor (retries, queueing) must not turn into the workflow's timeout."""
+    from tests.fakes import SlowExecutor
+
+    code = wf("a = await self.custom(instruction='x')\nb = await self.custom(instruction='y')\nreturn a + b")
+    res = await execute_workflow(code, MATH, SlowExecutor(1.5, reply="r"), iso, limits=Limits(wall_s=2, cpu_s=2))
+    assert res.status == Status.OK and res.answer == "rr"
+    assert res.wall_s > 3.0  # two 1.5 s calls, yet the 2 s workflow budget was not exceeded
+
+
+async def test_an_unexpected_exception_while_serving_is_an_executor_error_not_a_hang(iso):
+    from tests.fakes import BrokenExecutor
+
+    res = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH,
+                                 BrokenExecutor(RuntimeError("bug in our code")), iso, limits=FAST)
+    assert res.status == Status.EXECUTOR_ERROR and "internal error serving custom" in res.error
+    assert res.wall_s < 10
+
+
+async def test_a_prompt_too_long_for_the_executor_is_the_workflows_fault(iso):
+    from spogw_dagster.executors.base import PromptTooLongError
+    from tests.fakes import BrokenExecutor
+
+    res = await execute_workflow(wf("return await self.custom(instruction='x' * 19000)"), MATH,
+                                 BrokenExecutor(PromptTooLongError("10044 tokens > 8192")), iso, limits=FAST)
+    assert res.status == Status.RUNTIME_ERROR and "prompt too long" in res.error
+
+
+async def test_pathological_operator_input_fails_the_call_not_the_parent(iso):
+    code_problem = Problem("humaneval", "HumanEval/x", "def f():\n    pass\n", family="code", entry_point="f")
+    body = ("a = await self.code_generate(instruction='x')\n"
+            "return await self.sc_ensemble(solutions=['-' * 15000 + '1', a])")
+    res = await execute_workflow(wf(body), code_problem, ScriptedExecutor(reply="def f():\n    return 1\n"), iso,
+                                 limits=FAST)
+    assert res.status in (Status.OK, Status.RUNTIME_ERROR), res.error
+    assert res.wall_s < 15
+
+
+async def test_a_sandbox_that_does_not_start_is_an_infrastructure_error(iso):
+    from spogw_dagster.isolation import Isolation
+
+    broken = Isolation("bwrap", bwrap="/bin/false", setpriv=iso.setpriv)
+    res = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH, ScriptedExecutor(), broken,
+                                 limits=FAST)
+    assert res.status == Status.EXECUTOR_ERROR and "sandbox failed to start" in res.error

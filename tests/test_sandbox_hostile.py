@@ -180,7 +180,7 @@ async def test_every_hostile_workflow_fails_with_score_zero_and_the_next_one_sti
 
 def escaped_workflows(port: int) -> dict[str, str]:
     """The validator is bypassed and the code breaks out of the restricted builtins: the OS sandbox must hold."""
-    imp = f"imp = {ESCAPE}"
+    imp = f"imp = {ESCAPE}\nopen = imp('builtins').open"
     return {
         "network": f"{imp}\ns = imp('socket').create_connection(('127.0.0.1', {port}), timeout=2)\nreturn 'connected'",
         "env_secret": f"{imp}\nreturn str(dict(imp('os').environ))",
@@ -205,14 +205,16 @@ async def test_escaped_code_is_contained_by_the_sandbox(iso, listener):
         assert SECRET not in res.answer + res.error, name
         no_side_effects()
     assert hits == [], "the sandbox reached a listener on the host's loopback"
-    assert results["network"].status == Status.RUNTIME_ERROR
-    assert "environ" not in results["env_secret"].answer.lower() or SECRET not in results["env_secret"].answer
-    for name in ("write_outside", "write_repo", "write_root"):
-        assert results[name].status == Status.RUNTIME_ERROR, name  # read-only or missing path
-    assert results["fork_bomb"].status in (Status.RUNTIME_ERROR, Status.TIMEOUT)
-    # the uid inside is fresh and unprivileged: `id` shows no root
-    if results["subprocess"].status == Status.OK:
-        assert "uid=0" not in results["subprocess"].answer
+    # the runner's audit-hook tripwire catches each attempt and reports it, even when the code swallows
+    # the error; reading os.environ is allowed but it holds nothing of the parent's
+    for name, res in results.items():
+        if name == "env_secret":
+            assert res.status == Status.OK and "OPENAI_API_KEY" not in res.answer
+        elif name == "write_repo":  # plain open() is not among the runner's builtins at all
+            assert res.status == Status.RUNTIME_ERROR and "NameError" in res.error, res.error
+        else:
+            assert res.status == Status.SANDBOX_VIOLATION, (name, res.status, res.error)
+    assert "sandbox: import" in results["network"].error  # socket is not even importable
     ok = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH, ScriptedExecutor(reply="fine"),
                                 iso, limits=LIMITS)
     assert ok.status == Status.OK and ok.answer == "fine"

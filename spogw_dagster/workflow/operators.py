@@ -38,6 +38,7 @@ class OperatorConfig:
     max_solutions: int = 8
     programmer_attempts: int = 2
     test_fix_rounds: int = 2
+    max_operator_wall_s: float = 1800.0  # hard cap on time spent inside operator calls in one run
     code_limits: Limits = Limits(wall_s=10, cpu_s=5, memory_mb=512, nproc=8)
 
 

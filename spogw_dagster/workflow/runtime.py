@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..executors.base import ExecutorError, MeteredExecutor
-from ..isolation import Isolation, Limits, runner_path, signal_status, spawn
+from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError
+from ..isolation import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
 from ..types import Problem, Status, Usage
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators, derive_seed
 from .parser import ALLOWED_IMPORTS, SAFE_BUILTINS, ValidationLimits, WorkflowRejected, validate
@@ -93,25 +93,46 @@ async def execute_workflow(
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    inflight = 0  # operator calls being served right now
+    op_time = 0.0  # seconds during which at least one operator call was in flight
+    op_since = 0.0
+
     async def serve(msg: dict) -> None:
-        nonlocal executor_failed
+        nonlocal executor_failed, inflight, op_time, op_since
         call_id = msg.get("id")
+        op = str(msg.get("op"))
+        if inflight == 0:
+            op_since = time.monotonic()
+        inflight += 1
         try:
-            value = await ops.call(str(msg.get("op")), list(msg.get("args") or []), dict(msg.get("kwargs") or {}))
+            value = await ops.call(op, list(msg.get("args") or []), dict(msg.get("kwargs") or {}))
             send({"type": "reply", "id": call_id, "ok": True, "value": value})
+        except PromptTooLongError as e:  # the workflow built a prompt the executor cannot take: its fault
+            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op}: prompt too long for the executor ({e})"})
         except ExecutorError as e:
             executor_failed = str(e)
             raise _Stop(Status.EXECUTOR_ERROR, f"executor failed: {e}") from None
+        except SandboxStartError as e:  # our infrastructure, not the workflow
+            raise _Stop(Status.EXECUTOR_ERROR, f"sandbox failed while serving {op}: {e}") from None
         except BudgetExceeded as e:
             raise _Stop(Status.RUNTIME_ERROR, str(e)) from None
         except OperatorCallError as e:
             send({"type": "reply", "id": call_id, "ok": False, "error": str(e)})
+        except (RecursionError, MemoryError) as e:  # our parsing choked on a pathological workflow-made string
+            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op} failed on its input ({type(e).__name__})"})
+        except Exception as e:  # a failure on our side: stop loudly, never turn it into a workflow score
+            raise _Stop(Status.EXECUTOR_ERROR, f"internal error serving {op}: {type(e).__name__}: {e}") from None
+        finally:
+            inflight -= 1
+            if inflight == 0:
+                op_time += time.monotonic() - op_since
 
     async def converse() -> tuple[Status, str, str]:
         init = {"type": "init", "code": code, "operators": list(operator_names(problem.family)),
                 "builtins": sorted(SAFE_BUILTINS), "imports": sorted(ALLOWED_IMPORTS), "max_print_bytes": 65536}
         send(init)
         received = 0
+        ready = False
         while True:
             try:
                 line = await sp.proc.stdout.readline()
@@ -121,6 +142,8 @@ async def execute_workflow(
                 await sp.proc.wait()
                 by_signal = signal_status(sp.proc.returncode)
                 tail = stderr.decode(errors="replace").strip()[-300:]
+                if not ready:  # the runner never came up: bwrap/setpriv/python failed, not the workflow
+                    raise _Stop(Status.EXECUTOR_ERROR, f"sandbox failed to start (rc={sp.proc.returncode}): {tail}")
                 if by_signal == Status.TIMEOUT:
                     return Status.TIMEOUT, "", "CPU-time limit exceeded"
                 return Status.RUNTIME_ERROR, "", f"workflow process exited without a result (rc={sp.proc.returncode}) {tail}".strip()
@@ -132,7 +155,9 @@ async def execute_workflow(
                 kind = msg["type"]
             except (ValueError, KeyError, TypeError):
                 return Status.SANDBOX_VIOLATION, "", "malformed message on the protocol channel"
-            if kind == "call":
+            if kind == "ready" and not ready:
+                ready = True
+            elif kind == "call" and ready:
                 task = asyncio.create_task(serve(msg))
                 tasks.add(task)
                 task.add_done_callback(_check_task)
@@ -142,7 +167,8 @@ async def execute_workflow(
                     return Status.SANDBOX_VIOLATION, "", "result is not a string"
                 return Status.OK, ans, ""
             elif kind == "error":
-                return Status.RUNTIME_ERROR, "", str(msg.get("message", ""))[:2000]
+                st = Status.SANDBOX_VIOLATION if msg.get("status") == "sandbox_violation" else Status.RUNTIME_ERROR
+                return st, "", str(msg.get("message", ""))[:2000]
             else:
                 return Status.SANDBOX_VIOLATION, "", f"unknown message type {kind!r}"
 
@@ -155,15 +181,34 @@ async def execute_workflow(
 
     drain = asyncio.create_task(drain_stderr())
     conv = asyncio.create_task(converse())
+    t_start = time.monotonic()
+    hard_deadline = t_start + limits.wall_s + op_cfg.max_operator_wall_s
     try:
-        done, _ = await asyncio.wait({conv, stop}, timeout=limits.wall_s, return_when=asyncio.FIRST_COMPLETED)
-        if stop in done:
-            s: _Stop = stop.result()
-            status, error = s.status, s.error
-        elif conv in done:
-            status, answer, error = conv.result()
-        else:
-            status, error = Status.TIMEOUT, f"wall-clock limit of {limits.wall_s}s exceeded"
+        # The workflow's wall budget counts only time when no operator call is in flight: a slow or
+        # retrying executor must not turn into the workflow's `timeout` (its CPU rlimit still applies).
+        while True:
+            now = time.monotonic()
+            busy = op_time + (now - op_since if inflight else 0.0)
+            left = limits.wall_s - (now - t_start - busy)
+            wait = min(5.0 if inflight else left, hard_deadline - now)
+            if wait <= 0:
+                status = Status.TIMEOUT if now < hard_deadline else Status.EXECUTOR_ERROR
+                error = (f"wall-clock limit of {limits.wall_s}s exceeded (time in operator calls excluded)"
+                         if status == Status.TIMEOUT else
+                         f"operator calls ran past {op_cfg.max_operator_wall_s}s in total")
+                break
+            done, _ = await asyncio.wait({conv, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                s: _Stop = stop.result()
+                status, error = s.status, s.error
+                break
+            if conv in done:
+                exc = conv.exception()
+                if isinstance(exc, _Stop):
+                    status, error = exc.status, exc.error
+                else:
+                    status, answer, error = conv.result()
+                break
     finally:
         for t in [conv, *tasks]:
             t.cancel()
