@@ -114,6 +114,8 @@ class ExecutorSection(_Section):
     temperature: float = Field(0.7, ge=0, le=5)
     top_p: float = Field(0.95, gt=0, le=1)
     max_tokens: int = Field(384, ge=1)
+    max_operator_calls: int = Field(16, ge=1)  # per workflow run: a looping workflow cannot run up a bill
+    max_llm_calls: int = Field(32, ge=1)
 
     @model_validator(mode="after")
     def _url_and_model(self) -> "ExecutorSection":

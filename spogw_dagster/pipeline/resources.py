@@ -141,7 +141,8 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
     from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
 
     e = cfg.executor
-    op_cfg = OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens)
+    op_cfg = OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,
+                            max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
     limits = DEFAULT_LIMITS.with_(wall_s=cfg.execution.wall_s)
     sem = asyncio.Semaphore(cfg.execution.concurrency)
 
