@@ -46,7 +46,7 @@ def build_definitions(
         assets=assets,
         asset_checks=ALL_CHECKS,
         jobs=[job],
-        sensors=[build_sensor(job, cfg.iterations)],
+        sensors=[build_sensor(job, cfg.iterations, cfg.hash)],
         resources={"spogw": spogw, "io_manager": ParquetIOManager(assets_dir=str(root))},
         executor=dg.in_process_executor,
     )

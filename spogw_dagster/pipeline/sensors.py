@@ -3,7 +3,8 @@
 Iterations never run at the same time: the sensor requests nothing while any run of the iteration job is
 queued or in progress, requests k+1 only once benchmark_report(k) is materialized, and stops after the
 configured number of iterations. With no partition yet it starts iteration 0. Each request carries a run key
-("iteration-<k>"), so a sensor tick that races another cannot launch the same iteration twice.
+("iteration-<k>-<config hash>"), so a tick that races another cannot launch the same iteration twice, while a
+changed configuration can run it again.
 (A multi-partition backfill from the UI would bypass this; sampled_workflows(k) then fails fast while
 lora_checkpoint(k-1) is missing, so the order still holds.)
 """
@@ -33,7 +34,7 @@ def next_iteration(keys: list[str], reported: set[str], max_iterations: int) -> 
     return iteration_key(nxt), f"benchmark_report[{last}] landed: launching iteration {iteration_key(nxt)}"
 
 
-def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int) -> dg.SensorDefinition:
+def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int, config_hash: str = "") -> dg.SensorDefinition:
     @dg.sensor(name="next_iteration_sensor", job=job, minimum_interval_seconds=30,
                default_status=dg.DefaultSensorStatus.STOPPED,
                description=f"Launches iteration k+1 when benchmark_report(k) lands (up to {max_iterations}); "
@@ -50,7 +51,7 @@ def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int) -> d
             return dg.SkipReason(why)
         context.log.info(why)
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=key, run_key=f"iteration-{key}",
+            run_requests=[dg.RunRequest(partition_key=key, run_key=f"iteration-{key}-{config_hash[:12]}",
                                         tags={"spogw/iteration": key})],
             dynamic_partitions_requests=[iterations.build_add_request([key])] if key not in keys else [],
         )
