@@ -135,6 +135,136 @@ def test_math_verify_thread_misuse_is_not_a_silent_zero(monkeypatch):
             ex.submit(math_equal, r"\frac{1}{3}", "0.25").result()
 
 
+
+# ---------------------------------------------------------------- MATH: untrusted answers are screened
+
+
+def _timed(fn, *a):
+    import time
+
+    t = time.monotonic()
+    out = fn(*a)
+    return out, time.monotonic() - t
+
+
+@pytest.mark.parametrize("depth", [200, 300])
+def test_deeply_nested_fraction_does_not_equal_the_gold(depth):
+    # an even number of 1/(1/...) levels around 2 is 2, not 1/2; math-verify's parser gave up at this
+    # depth and its fallback "found" 1/2
+    ans = "\\boxed{" + "\\frac{1}{" * depth + "2" + "}" * depth + "}"
+    d = score_math(ans, r"\frac{1}{2}")
+    assert d.score == 0.0 and d.detail.startswith("refused: answer too long")
+    assert len(d.extracted) <= 300
+
+
+def test_nesting_deeper_than_the_cap_is_refused():
+    from spogw_dagster.benchmarks.scoring import MAX_PRED_DEPTH
+
+    deep = "(" * (MAX_PRED_DEPTH + 1) + "2" + ")" * (MAX_PRED_DEPTH + 1)
+    d = score_math("\\boxed{" + deep + "}", "2")
+    assert d.score == 0.0 and "nested too deep" in d.detail
+    ok = "(" * MAX_PRED_DEPTH + "2" + ")" * MAX_PRED_DEPTH
+    assert score_math("\\boxed{" + ok + "}", "2").score == 1.0
+
+
+_BOMBS = [
+    (r"(10^{10})!", "factorial"),
+    (r"10000!", "factorial"),
+    (r"5!!", "factorial"),
+    (r"9^{9^{9}}", "exponent"),
+    (r"2^{99999}", "exponent"),
+    (r"2^99999", "exponent"),
+    (r"(9^{9999})^{9999}", "power of a power"),
+    (r"\left(9^{9999}\right)^{9999}", "power of a power"),
+    (r"\frac{9^{9999}}{1}^{9999}", "power of a power"),
+    (r"\sqrt{9^{9999}}^{9999}", "power of a power"),
+    (r"1234567890^{9999}", "large number"),
+    (r"9^9^9", "tower"),
+    (r"2**9**9**9", "tower"),
+    (r"\binom{9999999999}{4999999999}", r"\binom"),
+    (r"\Gamma(10^{10})", r"\Gamma"),
+    (r"\operatorname{ones}(9999, 9999)", r"\operatorname"),
+    (r"\prod_{k=1}^{99} k", r"\prod"),
+]
+
+
+@pytest.mark.parametrize("answer,why", _BOMBS)
+def test_answers_that_would_make_sympy_compute_huge_integers_are_refused(answer, why):
+    from spogw_dagster.benchmarks.scoring import unsafe_math_answer
+
+    reason = unsafe_math_answer(answer)
+    assert reason is not None and why in reason
+
+
+_SCORE_BOMBS = """
+import json, sys, threading, time
+from spogw_dagster.benchmarks.scoring import math_equal, score_math
+
+out = []
+for ans, why in json.loads(sys.argv[1]):
+    t = time.monotonic()
+    d = score_math("\\\\boxed{" + ans + "}", "\\\\frac{1}{2}")
+    res = {}
+    th = threading.Thread(target=lambda: res.setdefault("eq", math_equal(ans, "\\\\frac{1}{2}")))
+    th.start()
+    th.join()
+    out.append([d.score, d.detail, res["eq"], time.monotonic() - t])
+print(json.dumps(out))
+"""
+
+
+def test_refused_answers_score_zero_fast_in_the_main_and_a_worker_thread():
+    """Scored for real in a subprocess: a regression would hang in C (big-integer arithmetic holds the
+    GIL, so no timeout can stop it), and must fail this test by its timeout instead of hanging pytest.
+    Outside the main thread math-verify has no timeout at all."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SCORE_BOMBS, json.dumps(_BOMBS)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(_BOMBS)
+    for (answer, why), (score_, detail, eq, took) in zip(_BOMBS, results):
+        assert score_ == 0.0 and detail.startswith("refused: ") and why in detail, (answer, detail)
+        assert eq is False and took < 2.0, (answer, took)
+
+
+@pytest.mark.parametrize(
+    "pred,gold",
+    [
+        (r"2^{4950}", r"2^{4950}"),
+        (r"2^{2005}", r"2^{2005}"),
+        (r"\frac{1}{2004!}", r"\frac{1}{2004!}"),
+        (r"4!", "24"),
+        (r"9999^{9999} - 9999^{9999} + 1", "1"),
+        (r"\left(\frac{1}{2}\right)^{3}", r"\frac{1}{8}"),
+        (r"x^{\frac{1}{2}}", r"\sqrt{x}"),
+        (r"2^{-1}", "0.5"),
+        (r"\cot x", r"\frac{\cos x}{\sin x}"),
+    ],
+)
+def test_legitimate_powers_and_factorials_still_compare(pred, gold):
+    from spogw_dagster.benchmarks.scoring import unsafe_math_answer
+
+    assert unsafe_math_answer(pred) is None
+    assert score_math("\\boxed{" + pred + "}", gold).score == 1.0
+
+
+def test_every_math500_gold_passes_the_screen():
+    from spogw_dagster.benchmarks import load_benchmark
+    from spogw_dagster.benchmarks.scoring import unsafe_math_answer
+
+    refused = [(p.answer, why) for p in load_benchmark("math") if (why := unsafe_math_answer(p.answer))]
+    assert refused == []
+
+
+def test_an_answer_equal_to_the_gold_as_a_string_needs_no_screen():
+    long_gold = r"\frac{1}{2}+" * 30 + "1"  # 361 characters: over the cap, but identical to the gold
+    assert score_math("\\boxed{" + long_gold + "}", long_gold).score == 1.0
+
+
 # ---------------------------------------------------------------- QA
 
 

@@ -18,6 +18,27 @@ math-verify bounds its work with SIGALRM, which only exists in the main thread: 
 timeouts only there and runs without them elsewhere (answers longer than MAX_MATH_CHARS are then only
 compared as strings, to bound the work). The dispatcher runs math scoring inline (not in a worker
 thread) so that, in the usual case of an event loop in the main thread, the timeouts apply.
+
+The predicted answer is written by the workflow under training, so it is screened before math-verify
+(`unsafe_math_answer`). An answer that is not equal to the gold as a normalised string and fails the
+screen scores 0, its detail says why. The screen (on the answer with spacing, `\\left`/`\\right` and
+whitespace removed; `**` counts as `^`):
+
+- at most MAX_PRED_CHARS (300) characters and bracket nesting ({, (, [) at most MAX_PRED_DEPTH (10) deep
+  (MATH golds: at most 159 characters, 3 deep). Deep nesting makes math-verify's LaTeX parser fail and
+  its fallback extract a bare number: `\\frac{1}{\\frac{1}{...2}}` 200 deep "equalled" 1/2;
+- only LaTeX commands from a fixed list (fractions, roots, Greek letters but not \\Gamma/\\gamma,
+  trig/log, relations, set and text commands, environments...): \\binom, \\sum, \\prod, \\int, \\lim,
+  \\operatorname, \\Gamma... can make sympy compute huge integers or matrices;
+- factorials only of a literal integer of at most 4 digits, or of a single letter (`2004!`, `n!`),
+  never of a group or of a factorial (`(10^{10})!` would take sympy minutes);
+- powers small and flat: an exponent holds at most 4 digits and no `^`/`!`; a base (the number, letter,
+  bracketed group or command with its arguments before the `^`) holds no `^`/`!` and at most 8 digits;
+  no `a^b^c`. So every power is below 10^(8*9999) and no tower like `(9^{9999})^{9999}` (whose big-integer
+  arithmetic runs in C, holding the GIL, where no timeout can stop it) gets through.
+
+These bound the big-integer work. Symbolic work (e.g. expanding `(x+1)^{99}(x+2)^{99}`) is pure Python and
+bounded by math-verify's timeouts in the main thread only.
 """
 
 from __future__ import annotations
@@ -39,6 +60,11 @@ log = logging.getLogger(__name__)
 GSM8K_TOLERANCE = 1e-6
 MATH_VERIFY_TIMEOUT_S = 5
 MAX_MATH_CHARS = 400
+MAX_PRED_CHARS = 300  # a predicted MATH answer longer than this is refused (golds: at most 159)
+MAX_PRED_DEPTH = 10  # bracket nesting deeper than this is refused (golds: at most 3)
+MAX_EXPONENT_DIGITS = 4  # digits in one exponent (golds go up to 2^{4950})
+MAX_BASE_DIGITS = 8  # digits in the base of a power
+MAX_FACTORIAL_DIGITS = 4  # 9999! has 35,660 digits: cheap (golds: 2004!)
 
 # ---------------------------------------------------------------------------------------------------
 # GSM8K
@@ -114,15 +140,158 @@ def extract_math_answer(text: str) -> tuple[str | None, str]:
     return None, "none"
 
 
+# Commands a predicted answer may use (after _strip_math): everything in MATH's gold answers plus common
+# harmless notation. Anything else is refused before math-verify (see the module docstring).
+_SAFE_COMMANDS = frozenset("""
+frac dfrac tfrac cfrac sqrt text textbf textrm textit textnormal mbox mathrm mathbf mathit mathbb mathcal
+boxed fbox begin end hline phantom quad qquad overline underline bar hat vec widehat tilde
+pi infty circ degree cup cap setminus emptyset varnothing pm mp cdot times div ast star
+le leq ge geq lt gt ne neq approx sim simeq cong equiv propto in notin ni subset subseteq supset supseteq
+sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp
+alpha beta delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi omicron rho varrho
+sigma varsigma tau upsilon phi varphi chi psi omega Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega
+triangle angle measuredangle perp parallel mid vert lvert rvert Vert lVert rVert
+lfloor rfloor lceil rceil langle rangle lbrace rbrace lbrack rbrack
+dots ldots cdots vdots ddots to rightarrow leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow
+iff implies land lor wedge vee neg lnot forall exists prime left right displaystyle
+""".split())
+_OPEN, _CLOSE = "{([", "})]"
+_CMD_RE = re.compile(r"\\([A-Za-z]+)")
+
+
+def _matching_open(s: str, close: int) -> int:
+    """Index of the bracket that opens the group closed at `close` (any bracket kind), or -1."""
+    depth = 0
+    for i in range(close, -1, -1):
+        if s[i] in _CLOSE:
+            depth += 1
+        elif s[i] in _OPEN:
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _matching_close(s: str, open_: int) -> int:
+    depth = 0
+    for i in range(open_, len(s)):
+        if s[i] in _OPEN:
+            depth += 1
+        elif s[i] in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _power_base(s: str, caret: int) -> str | None:
+    """The base of the power whose `^` is at `caret`: a number, a letter, or a bracketed group together
+    with any groups and the command just before it (`\\frac{a}{b}^2` -> `\\frac{a}{b}`). None if unclear."""
+    i = caret - 1
+    if i < 0:
+        return None
+    if s[i] in _CLOSE:
+        start = _matching_open(s, i)
+        while start > 0 and s[start - 1] == "}":  # earlier arguments of the same command (\frac{a}{b})
+            start = _matching_open(s, start - 1)
+        if start < 0:
+            return None
+        m = re.search(r"\\[A-Za-z]+$", s[:start])
+        if m:
+            start = m.start()
+        return s[start:caret]
+    if s[i].isdigit() or s[i] == ".":
+        j = i
+        while j > 0 and (s[j - 1].isdigit() or s[j - 1] == "."):
+            j -= 1
+        return s[j:caret]
+    return s[i]
+
+
+def _power_exponent(s: str, caret: int) -> tuple[str, int] | None:
+    """(exponent text, index just after it) of the `^` at `caret`; None if unclear."""
+    i = caret + 1
+    if i >= len(s):
+        return None
+    if s[i] in _OPEN:
+        j = _matching_close(s, i)
+        return (s[i : j + 1], j + 1) if j >= 0 else None
+    if s[i] == "\\":  # a command and the groups right after it: ^\frac{1}{2}
+        m = re.match(r"\\[A-Za-z]+", s[i:])
+        j = i + (m.end() if m else 2)
+        while j < len(s) and s[j] == "{":
+            k = _matching_close(s, j)
+            if k < 0:
+                return None
+            j = k + 1
+        return s[i:j], j
+    m = re.match(r"[-+]?[0-9.]+", s[i:])  # take a whole digit run: 2^99999 may be read as 2^{99999}
+    j = i + (m.end() if m else 1)
+    return s[i:j], j
+
+
+def _digits(s: str) -> int:
+    return sum(c.isdigit() for c in s)
+
+
+def unsafe_math_answer(pred: str) -> str | None:
+    """Why `pred` (a predicted final answer) must not go to math-verify, or None if it may.
+
+    See the module docstring for the rules; they bound the size of the integers sympy may compute and
+    the parser's recursion, whatever the (workflow-controlled) answer says."""
+    if len(pred) > MAX_PRED_CHARS:
+        return f"answer too long for symbolic comparison ({len(pred)} > {MAX_PRED_CHARS} characters)"
+    s = _strip_math(pred).replace("**", "^")
+    depth = top = 0
+    for c in s:
+        if c in _OPEN:
+            depth += 1
+            top = max(top, depth)
+        elif c in _CLOSE:
+            depth = max(0, depth - 1)
+    if top > MAX_PRED_DEPTH:
+        return f"brackets nested too deep for symbolic comparison ({top} > {MAX_PRED_DEPTH})"
+    bad = sorted({m.group(1) for m in _CMD_RE.finditer(pred)} - _SAFE_COMMANDS)  # before spaces are gone
+    if bad:
+        return "command(s) not allowed in a compared answer: " + ", ".join("\\" + b for b in bad[:5])
+    for i, c in enumerate(s):
+        if c == "!":
+            j = i
+            while j > 0 and s[j - 1].isdigit():
+                j -= 1
+            run = s[j:i]
+            if run:
+                if len(run) > MAX_FACTORIAL_DIGITS or (j > 0 and s[j - 1] in "^_."):
+                    return f"factorial of a number too large for symbolic comparison ({run}!)"
+            elif not (i > 0 and s[i - 1].isalpha()):
+                return "factorial of an expression (only an integer of at most 4 digits or a letter)"
+        elif c == "^":
+            exp = _power_exponent(s, i)
+            base = _power_base(s, i)
+            if exp is None or base is None:
+                return "malformed power"
+            text, after = exp
+            if "^" in text or "!" in text or _digits(text) > MAX_EXPONENT_DIGITS:
+                return f"exponent too large for symbolic comparison (^{text})"
+            if "^" in base or "!" in base or _digits(base) > MAX_BASE_DIGITS:
+                return f"power of a power or of a large number ({base}^...)"
+            if after < len(s) and s[after] == "^":
+                return "power tower (a^b^c)"
+    return None
+
+
 def math_equal(pred: str, gold: str, timeout_s: int | None = MATH_VERIFY_TIMEOUT_S) -> bool:
     """Whether two final answers (LaTeX, no `\\boxed`) are equal: as normalised strings, or by math-verify.
 
-    Safe from any thread: math-verify's signal-based timeouts are used only in the main thread.
+    `pred` is untrusted: one that `unsafe_math_answer` refuses is only compared as a string. Safe from
+    any thread: math-verify's signal-based timeouts are used only in the main thread.
     """
     if not pred.strip() or not gold.strip():
         return False
     if _strip_math(pred) == _strip_math(gold):
         return True
+    if unsafe_math_answer(pred) is not None:
+        return False
     main = threading.current_thread() is threading.main_thread()
     if not main and max(len(pred), len(gold)) > MAX_MATH_CHARS:
         return False
@@ -150,6 +319,11 @@ def score_math(answer_text: str, gold: str) -> ScoreDetail:
     if pred is None:
         return ScoreDetail(0.0, "no \\boxed{} answer and no number")
     tag = "" if how == "boxed" else " (no \\boxed{}; last number used)"
+    if _strip_math(pred) != _strip_math(gold):
+        why = unsafe_math_answer(pred)
+        if why is not None:
+            short = pred if len(pred) <= 120 else pred[:120] + "..."
+            return ScoreDetail(0.0, f"refused: {why}: {short} (gold {gold}){tag}", pred[:MAX_PRED_CHARS])
     if math_equal(pred, gold):
         return ScoreDetail(1.0, f"correct: {pred}{tag}", pred)
     return ScoreDetail(0.0, f"wrong: {pred} (gold {gold}){tag}", pred)
