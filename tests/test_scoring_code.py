@@ -261,3 +261,78 @@ async def test_dispatcher_runs_code(mbpp):
     p = mbpp[3]
     d = await score(p, f"Here you go:\n```python\n{p.answer}\n```", run_code=local_run)
     assert d.score == 1.0 and d.detail == "passed"
+
+
+# ---------------------------------------------------------------- results must be plain data
+
+_ALWAYS_EQUAL = """
+class _Anything:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = object.__hash__
+"""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "return _Anything()",
+        "return [_Anything()]",  # hidden inside a container
+        "return {'k': (1, _Anything())}",
+        "return _Int(0)",  # a subclass of a builtin type
+    ],
+    ids=["object", "in-list", "in-dict-tuple", "int-subclass"],
+)
+async def test_always_equal_results_do_not_pass_humaneval(he, body):
+    sol = (_ALWAYS_EQUAL + "\nclass _Int(int):\n    def __eq__(self, other):\n        return True\n"
+           "    __hash__ = int.__hash__\n\n"
+           f"def has_close_elements(numbers, threshold):\n    {body}\n")
+    d = await score_code(he["HumanEval/0"], sol, local_run)
+    assert d.score == 0.0 and "TypeError" in d.detail and "has_close_elements returned" in d.detail, d.detail
+
+
+async def test_always_equal_results_do_not_pass_mbpp(mbpp):
+    for p in mbpp:
+        sol = _ALWAYS_EQUAL + f"\ndef {p.entry_point}(*args, **kwargs):\n    return _Anything()\n"
+        d = await score_code(p, sol, local_run)
+        assert d.score == 0.0 and "TypeError" in d.detail, (p.id, d.detail)
+
+
+async def test_rebinding_the_entry_point_during_a_call_does_not_escape_the_check(he):
+    sol = _ALWAYS_EQUAL + (
+        "\ndef has_close_elements(numbers, threshold):\n"
+        "    globals()['has_close_elements'] = lambda *a: _Anything()\n"
+        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
+    )
+    # asserts that call the entry point by name must meet the wrapper again after each call
+    p = Problem(benchmark="humaneval", id="x/rebind", question="", family="code",
+                entry_point=he["HumanEval/0"].entry_point,
+                hidden_tests="assert has_close_elements([1.0, 1.05], 0.1) == True\n"
+                             "assert has_close_elements([1.0, 3.0], 0.1) == False\n")
+    d = await score_code(p, sol, local_run)
+    assert d.score == 1.0, d.detail  # the lambda the solution installed is replaced by the wrapper again
+    cheat = _ALWAYS_EQUAL + ("\ndef has_close_elements(numbers, threshold):\n"
+                             "    globals()['has_close_elements'] = lambda *a: _Anything()\n"
+                             "    return True\n")
+    assert (await score_code(p, cheat, local_run)).score == 0.0  # second assert meets the wrapper, fails
+
+
+async def test_plain_results_of_every_kind_pass_and_recursion_is_not_doubled():
+    sol = (
+        "def f(n):\n"
+        "    if n == 0:\n"
+        "        return [None, True, 1, 1.5, 2j, 's', b'b', (1,), {'k': {1, 2}}, frozenset({3})]\n"
+        "    return f(n - 1)\n"
+    )
+    expected = "[None, True, 1, 1.5, 2j, 's', b'b', (1,), {'k': {1, 2}}, frozenset({3})]"
+    # depth 900 is within the default recursion limit (1000) only if the wrapper is not in every frame
+    p = Problem(benchmark="mbpp", id="x/plain", question="", family="code", entry_point="f",
+                hidden_tests=f"assert f(900) == {expected}\nassert f.__name__ == 'f'\n")
+    d = await score_code(p, sol, local_run)
+    assert d.score == 1.0, d.detail
+    cyclic = "def f(n):\n    a = [1]\n    a.append(a)\n    return a\n"
+    p2 = Problem(benchmark="mbpp", id="x/cyclic", question="", family="code", entry_point="f",
+                 hidden_tests="r = f(0)\nassert r[1] is r\n")
+    assert (await score_code(p2, cyclic, local_run)).score == 1.0

@@ -7,6 +7,14 @@ has `.status` (a `Status` or its value), `.returncode`, `.stdout`, `.stderr`.
 A hidden-test program prints a pass token (derived from the program's text) after the last check; a
 program that passes must exit 0 *and* print it. So a solution that calls `sys.exit(0)` / `os._exit(0)`
 while being imported, before any test ran, does not pass.
+
+Before the hidden tests run, the entry point is rebound to a wrapper that lets only plain data out:
+None, bool, int, float, complex, str, bytes, and list/tuple/dict/set/frozenset of those (recursively),
+by exact type (C-implemented numeric/string subclasses such as numpy.float64 and numpy scalars are
+also accepted; they cannot be defined by the solution). Anything else (e.g. an object whose `__eq__`
+always returns True, which would pass every `assert candidate(x) == y`) raises a TypeError, so the tests
+fail. While the entry point runs, its global name is the unwrapped function again (recursion stays
+direct and is checked once, at the top), then the wrapper is put back.
 """
 
 from __future__ import annotations
@@ -225,11 +233,97 @@ def pass_token(program_without_token: str) -> str:
 def build_test_program(problem: Problem, solution_code: str) -> str:
     """Solution + hidden tests (+ `check(<entry_point>)` for HumanEval-style tests) + the pass token.
 
-    Layout: the prompt's preamble (imports and helpers, HumanEval), the solution, the hidden tests
-    (HumanEval: the `test` program then `check(entry_point)`; MBPP: setup code then the asserts), then a
-    line printing the pass token. Exit status 0 and the token on stdout mean every test passed.
+    Layout: the prompt's preamble (imports and helpers, HumanEval), the solution, the result guard
+    (rebinds the entry point to a wrapper accepting only plain-data results, see the module docstring),
+    the hidden tests (HumanEval: the `test` program then `check(entry_point)`; MBPP: setup code then the
+    asserts), then a line printing the pass token. Exit status 0 and the token on stdout mean every test
+    passed.
     """
     return _test_program_and_token(problem, solution_code)[0]
+
+
+# Rebinds the entry point (name in {name!r}) to a wrapper that rejects non-plain results. Types come from
+# literals (and a frozenset constant), not builtin names, so a solution that patched builtins at import
+# time cannot widen the check; type(), __flags__ and __mro__ are read through `type`'s own descriptors.
+_RESULT_GUARD = """
+def __spogw_guard_entry_point(__fn, __name):
+    _type = (0).__class__.__class__
+    _flags = _type.__dict__["__flags__"].__get__
+    _mro = _type.__dict__["__mro__"].__get__
+    _scalars = (None.__class__, True.__class__, (0).__class__, (0.0).__class__, (0j).__class__,
+                "".__class__, b"".__class__)
+    _frozenset = frozenset
+    for c in (lambda: 0 in {{0}}).__code__.co_consts:  # the compiler folds {{0}} into a frozenset constant
+        if c.__class__ not in _scalars:
+            _frozenset = c.__class__
+    _containers = ([].__class__, ().__class__, {{0}}.__class__, _frozenset)
+    _dict = {{}}.__class__
+
+    def _native_scalar(t):  # a C-implemented scalar type, e.g. numpy.float64 / numpy.int64
+        if _flags(t) & (1 << 9):  # a heap type: defined in Python (by the solution, possibly)
+            return False
+        for b in _mro(t):
+            if b in _scalars:
+                return True
+            if not _flags(b) & (1 << 9) and b.__module__ == "numpy" and b.__name__ in ("number", "bool_", "bool"):
+                return True
+        return False
+
+    def _plain(value):
+        stack = [value]
+        seen = {{}}.__class__()
+        while stack:
+            v = stack.pop()
+            t = _type(v)
+            if t in _scalars:
+                continue
+            if t in _containers or t is _dict:
+                if id(v) in seen:
+                    continue
+                seen[id(v)] = v
+                if t is _dict:
+                    for k, x in _dict.items(v):
+                        stack.append(k)
+                        stack.append(x)
+                else:
+                    stack.extend(v)
+                continue
+            if _native_scalar(t):
+                continue
+            raise TypeError(
+                "%s returned a %s.%s: only None, bool, int, float, complex, str, bytes and "
+                "list/tuple/dict/set/frozenset of those are accepted" % (__name, t.__module__, t.__qualname__))
+
+    _globals = (lambda: 0).__globals__  # this module's namespace
+    if _globals.get(__name) is not __fn:
+        _globals = None
+
+    def __spogw_checked(*args, **kwargs):
+        if _globals is not None:
+            _globals[__name] = __fn  # recursion inside the call is direct (and unchecked)
+        try:
+            result = __fn(*args, **kwargs)
+        finally:
+            if _globals is not None:
+                _globals[__name] = __spogw_checked
+        _plain(result)
+        return result
+
+    try:
+        __spogw_checked.__name__ = __name
+        __spogw_checked.__doc__ = __fn.__doc__
+        __spogw_checked.__wrapped__ = __fn
+    except Exception:
+        pass
+    return __spogw_checked
+
+
+{name} = __spogw_guard_entry_point({name}, {name!r})
+"""
+
+
+def _result_guard(entry_point: str) -> str:
+    return _RESULT_GUARD.format(name=entry_point).strip()
 
 
 def _test_program_and_token(problem: Problem, solution_code: str) -> tuple[str, str]:
@@ -240,6 +334,10 @@ def _test_program_and_token(problem: Problem, solution_code: str) -> tuple[str, 
     if pre:
         parts.append(pre)
     parts.append(solution_code.strip())
+    if problem.entry_point:
+        if not problem.entry_point.isidentifier():
+            raise ValueError(f"problem {problem.id}: entry_point {problem.entry_point!r} is not a Python name")
+        parts.append(_result_guard(problem.entry_point))
     parts.append(problem.hidden_tests.strip())
     if _test_style(problem) == "check":
         if not problem.entry_point:
