@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster import paths
+from spogw_dagster.fsutil import file_sha256
 
 # torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
 # executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).
@@ -81,16 +81,6 @@ def resolve_model(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     )
 
 
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
-
 
 def _models_root() -> Path:
     root = paths.cache_dir() / "models"
@@ -138,7 +128,7 @@ def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
     hit = _fast_lookup(gguf, st)
     if hit is not None:
         return hit
-    sha = _sha256(gguf)
+    sha = file_sha256(gguf)
     root = _models_root()
     final = root / f"{gguf.stem}-{sha[:16]}"
     with _file_lock(root / f".{final.name}.lock"):

@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from spogw_dagster.core.config import OBJECTIVE_NAMES, ConfigError, ObjectiveConfig
+from spogw_dagster.fsutil import file_sha256 as _file_sha
+from spogw_dagster.fsutil import replace_dir
 
 # torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
 # executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).
@@ -272,12 +274,6 @@ def _sha(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 22), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def data_hash(examples: Sequence[TrainExample]) -> str:
@@ -687,13 +683,7 @@ def train_lora(
         if missing:  # pragma: no cover
             raise RuntimeError(f"peft did not write {missing}")
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
-        if out.exists():
-            trash = out.parent / f".trash-{out.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(out, trash)
-            os.rename(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

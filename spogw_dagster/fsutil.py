@@ -1,0 +1,78 @@
+"""Small file-system helpers shared by every layer: atomic writes, directory swaps, content hashes.
+
+Nothing we write may be seen half-written: a file goes to a temp name in the same directory, is fsynced,
+then renamed over the target; a folder (an adapter, a converted model) is built aside and swapped in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def fsync_dir(d: Path) -> None:
+    """Make a rename durable (best effort: some file systems refuse to open directories)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside `path`; on success it is fsynced and renamed onto `path`, else removed."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.parent / f".tmp-{uuid.uuid4().hex[:12]}-{p.name}.part"
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(p.parent)
+
+
+def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text_atomic(text: str, path: str | os.PathLike[str]) -> Path:
+    return write_bytes_atomic(text.encode("utf-8"), path)
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Swap a fully built folder `tmp` into place at `out` (the old one, if any, is moved aside first)."""
+    if out.exists():
+        trash = out.parent / f".trash-{out.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(out, trash)
+        os.rename(tmp, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+
+
+def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
