@@ -194,10 +194,10 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     rep = pl.concat(rows, how="diagonal_relaxed")
     lines = ["held-out scores per iteration", "",
              f"{'iteration':>9}  {'system':<16} {'kind':<10} {'solve rate':>10}  {'95% CI':<13} {'valid':>5}  "
-             f"{'executor calls':>14}"]
+             f"{'executor calls (cached)':>23}"]
     order = pl.col("kind").replace_strict({"checkpoint": 0, "previous": 1, "baseline": 2}, default=3)
     for r in rep.sort([pl.col("iteration"), order, pl.col("system")]).iter_rows(named=True):
         lines.append(f"{r['iteration']:>9}  {r['system']:<16} {r['kind']:<10} "
                      f"{r['solve_rate']:>10.3f}  {r['ci_low']:.3f}-{r['ci_high']:.3f}  {r['valid_rate']:>5.2f}  "
-                     f"{r['llm_calls']:>14}")
+                     f"{str(r['llm_calls']) + ' (' + str(r['cached_calls']) + ')':>23}")
     return "\n".join(lines)
