@@ -129,3 +129,20 @@ def test_sensor_against_an_instance(tmp_path):
         inst.add_run(dg.DagsterRun(job_name=JOB_NAME, run_id="a" * 36, status=dg.DagsterRunStatus.STARTED))
         res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
         assert isinstance(res, dg.SkipReason) and "still active" in res.skip_message
+
+
+def test_cli_run_and_catalog_commands(tmp_path, capsys):
+    import polars as pl
+
+    from spogw_dagster.cli import main
+
+    assert main(["run", "--profile", "nope", "--assets-dir", str(tmp_path)]) == 2
+    assert "unknown profile 'nope'" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profile: ci\ncuration:\n  m: 2\n")
+    assert main(["run", "--config", str(bad), "--assets-dir", str(tmp_path)]) == 2
+    assert "set m >= n" in capsys.readouterr().err
+    assert main(["run", "--profile", "ci", "--iterations", "0", "--assets-dir", str(tmp_path)]) == 2
+    AssetStore(tmp_path).write_parquet("execution_scores", "0000", pl.DataFrame({"iteration": [0], "score": [1.0]}))
+    assert main(["catalog", "--assets-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "spogw.duckdb").is_file()
