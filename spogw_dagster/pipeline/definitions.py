@@ -19,7 +19,6 @@ from .assets import build_assets
 from .checks import ALL_CHECKS
 from .config import SpogwConfig, load_config
 from .io import ParquetIOManager
-from .partitions import iterations
 from .resources import SpogwResource
 from .sensors import JOB_NAME, build_sensor
 from .storage import ASSET_NAMES, default_assets_dir

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import TextIO
 
 from .storage import ASSET_NAMES, AssetStore, default_assets_dir
 
