@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from spogw_dagster.isolation import Limits, detect_isolation, runner_path, spawn
+from spogw_dagster.isolation import Limits, detect_isolation
 from spogw_dagster.types import Problem, Status
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.runtime import execute_workflow

@@ -33,7 +33,6 @@ Determinism: the fresh LoRA initialisation, the data order (per epoch) and dropo
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -41,9 +40,9 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.core.config import OBJECTIVE_NAMES, ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
