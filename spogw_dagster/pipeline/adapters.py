@@ -16,17 +16,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import replace_dir
+
 STATS_FILE = "training_stats.json"
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    if out.exists():
-        trash = out.parent / f".trash-{out.name}-{uuid.uuid4().hex[:8]}"
-        os.rename(out, trash)
-        os.rename(tmp, out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, out)
 
 
 def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | None, tcfg, base_model: str,
@@ -47,7 +39,7 @@ def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | 
         else:
             _identity_adapter(tmp, tcfg, base_model)
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

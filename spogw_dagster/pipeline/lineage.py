@@ -9,9 +9,10 @@ is written. The parent's partition, path and adapter hash go into the metadata (
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..fsutil import file_sha256
 
 from .partitions import key_to_int, previous_key
 from .storage import AssetStore
@@ -32,14 +33,6 @@ class ParentCheckpoint:
 
     def as_metadata(self) -> dict[str, str | int]:
         return {"partition": self.partition, "path": str(self.path), "adapter_sha256": self.sha256}
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for b in iter(lambda: f.read(1 << 22), b""):
-            h.update(b)
-    return h.hexdigest()
 
 
 def adapter_sha256(folder: Path) -> str:

@@ -18,10 +18,11 @@ reader sees the old file or the new one, never half of one; a re-materialization
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import polars as pl
+
+from ..fsutil import atomic_path
 
 ASSET_NAMES = (
     "sampled_workflows",
@@ -81,52 +82,7 @@ class AssetStore:
         return sorted(p.stem for p in d.glob("*.parquet")) if d.is_dir() else []
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_parquet_atomic(df: pl.DataFrame, path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.parent / f".tmp-{uuid.uuid4().hex[:12]}-{p.name}.part"
-    try:
+    with atomic_path(path) as tmp:
         df.write_parquet(tmp, compression="zstd", statistics=True)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(p.parent)
-    return p
-
-
-def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.parent / f".tmp-{uuid.uuid4().hex[:12]}-{p.name}.part"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return p
+    return Path(path)
