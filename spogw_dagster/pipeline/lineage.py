@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fsutil import file_sha256
-
 from .partitions import key_to_int, previous_key
 from .storage import AssetStore
 
