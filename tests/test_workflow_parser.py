@@ -215,3 +215,14 @@ def test_reviewers_event_loop_escape_is_rejected():
     with pytest.raises(WorkflowRejected) as ei:
         validate(code, "math")
     assert ei.value.status == Status.INVALID
+
+
+def test_math_survives_extraction_and_works_inside_run_too():
+    text = ("Here is my workflow:\n```python\nimport math\n\nclass Workflow:\n    async def run(self):\n"
+            "        n = math.floor(2.5)\n        return await self.custom(instruction=str(n))\n```")
+    assert parse_workflow(text, "math").code.startswith("import math\n")
+    inside = wf("import math\nn = math.floor(2.5)\nreturn await self.custom(instruction=str(n))")
+    assert validate(inside, "math").operators_used == ("custom",)
+    # a stray import above the class is kept, so the validator sees it and rejects it
+    with pytest.raises(WorkflowRejected, match="import of 'os'"):
+        parse_workflow("import os\n" + wf("return await self.custom(instruction='x')"), "math")

@@ -32,7 +32,8 @@ def resolve_data_path(
     `path` may be the file itself or a directory holding it under one of its standard names.
     """
     how = (
-        f"pass it as load_benchmark({benchmark!r}, path='/path/to/{standard_names[0]}') "
+        f"pass its path: `--data-path /path/to/{standard_names[0]}` on the spogw CLI, `benchmark.data_path` in "
+        f"a pipeline config, or load_benchmark({benchmark!r}, path=...) from Python "
         f"(a directory holding one of {', '.join(standard_names)} also works)"
     )
     if path is None:

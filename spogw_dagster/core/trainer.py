@@ -40,6 +40,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -47,6 +48,9 @@ from typing import Any, Callable, Mapping, Sequence
 from spogw_dagster.core.config import OBJECTIVE_NAMES, ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
+
+# peft asks transformers for a deprecated attribute on every step; the warning says nothing about our run.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
 
 # torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
 # executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).

@@ -220,8 +220,8 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             "mean_group_std": dg.MetadataValue.float(round(float(screened["score_std"].mean() or 0.0), 4)
                                                      if screened.height else 0.0),
         })
-        _say(context, f"{screened.height}/{groups.height} groups kept; dropped rows {row_reasons or {}}, "
-                      f"dropped groups {group_reasons or {}}")
+        _say(context, f"{screened.height} groups kept of {groups.height} formed; dropped rows {row_reasons or {}}, "
+                      f"dropped or unformed groups {group_reasons or {}}")
         return out
 
     @dg.asset(**spec("sharpened_groups", "Top-t and bottom-t workflows of each kept group, with group-normalised "

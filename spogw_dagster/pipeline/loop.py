@@ -125,7 +125,9 @@ def run_loop(
     say(f"spogw run: profile {cfg.profile}, {cfg.iterations} iteration(s), config {cfg.hash[:12]}, "
         f"benchmark {cfg.benchmark.name} (d={cfg.benchmark.train_queries}, held-out={cfg.benchmark.heldout_queries}), "
         f"m={cfg.curation.m} n={cfg.curation.n} t={cfg.curation.t}, objective {cfg.training.objective}")
-    say(f"  assets: {root}\n  Dagster instance: {home}  (see it with: DAGSTER_HOME={home} dagster dev)")
+    source = f"SPOGW_CONFIG={Path(config_file).resolve()}" if config_file else f"SPOGW_PROFILE={cfg.profile}"
+    say(f"  assets: {root}\n  Dagster instance: {home}\n  the UI on this run, from the repo root: "
+        f"DAGSTER_HOME={home} {source} SPOGW_ASSETS_DIR={root} dagster dev")
     outcomes: list[IterationOutcome] = []
     try:
         for k in range(cfg.iterations):

@@ -81,7 +81,9 @@ def extract_code(text: str) -> str:
     for cand in candidates:
         idx = cand.find("class Workflow")
         if idx >= 0:
-            return cand[idx:].strip("\n") + "\n"
+            # keep the imports written above the class (the validator decides which are allowed)
+            imports = [ln for ln in cand[:idx].splitlines() if re.match(r"(import|from)\s+\w", ln)]
+            return "".join(ln + "\n" for ln in imports) + cand[idx:].strip("\n") + "\n"
     raise WorkflowRejected(Status.FORMAT_ERROR, "no `class Workflow` found in the generator output")
 
 
@@ -170,7 +172,7 @@ def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits
     self_attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                   and isinstance(n.value, ast.Name) and n.value.id == "self"}
     async_methods = {name for name, m in methods.items() if isinstance(m, ast.AsyncFunctionDef)}
-    module_names = {(a.asname or a.name) for n in imports for a in n.names}
+    module_names = {(a.asname or a.name) for n in nodes if isinstance(n, ast.Import) for a in n.names}
     parent: dict[int, ast.AST] = {}
     for node in nodes:
         for child in ast.iter_child_nodes(node):
