@@ -89,13 +89,17 @@ class CgroupManager:
 
     def _prepare(self) -> None:
         if self.kind == "v1":
-            for ctl in ("memory", "pids"):
-                (ROOT / ctl / GROUP).mkdir(exist_ok=True)
+            tops = [ROOT / ctl / GROUP for ctl in ("memory", "pids")]
+            for top in tops:
+                top.mkdir(exist_ok=True)
         else:
             top = ROOT / GROUP
             (ROOT / "cgroup.subtree_control").write_text("+memory +pids")
             top.mkdir(exist_ok=True)
             (top / "cgroup.subtree_control").write_text("+memory +pids")
+            tops = [top]
+        for top in tops:
+            sweep_stale(top)
 
     @property
     def available(self) -> bool:
@@ -120,6 +124,24 @@ class CgroupManager:
             (d / "memory.swap.max").write_text("0")
         (d / "pids.max").write_text(str(max_pids))
         return RunCgroup([d])
+
+
+def sweep_stale(top: Path) -> int:
+    """Remove empty run groups left by processes that died without cleaning up (named run-<pid>-<id>)."""
+    removed = 0
+    for d in top.glob("run-*-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if pid == os.getpid() or Path(f"/proc/{pid}").exists():
+            continue  # its owner is still running
+        try:
+            d.rmdir()  # fails if processes are still inside: then it is not stale
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 _MANAGER: CgroupManager | None = None

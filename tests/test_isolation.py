@@ -93,3 +93,22 @@ async def test_memory_budget_covers_all_processes_of_a_run():
     assert res.status == Status.RUNTIME_ERROR and "memory limit" in res.error, (res.status, res.error)
     small = await run_code(prog.replace("300 * 1024", "50 * 1024"), iso, Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=8))
     assert small.status == Status.OK and "all done" in small.stdout
+
+
+def test_stale_run_cgroups_of_dead_processes_are_swept():
+    from spogw_dagster.cgroups import manager, sweep_stale
+
+    m = manager()
+    if m.kind != "v1":
+        pytest.skip(f"cgroup v1 not in use here ({m.kind or m.why_not})")
+    from spogw_dagster.cgroups import GROUP, ROOT
+
+    top = ROOT / "pids" / GROUP
+    dead_pid = 2 ** 22 + 7  # above pid_max: no such process
+    stale = top / f"run-{dead_pid}-deadbeef0000"
+    stale.mkdir()
+    live = m.create(64 << 20, 4)
+    assert sweep_stale(top) >= 1
+    assert not stale.exists()
+    assert all(d.exists() for d in live.dirs)  # a live run's group stays
+    live.destroy()
