@@ -3,8 +3,14 @@ sandbox, accounting) and the model's words do not matter. Tests of real behaviou
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+
 from spogw_dagster.executors.base import ExecutorError
-from spogw_dagster.types import ChatResult, SamplingParams
+from spogw_dagster.types import ChatResult, SamplingParams, Status
 
 
 class ScriptedExecutor:
@@ -53,3 +59,33 @@ class BrokenExecutor(ScriptedExecutor):
     async def chat(self, messages, params):
         self.calls.append((messages, params))
         raise self.exc
+
+
+@dataclass
+class RunResult:
+    status: Status
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+async def local_run(program: str, timeout: float = 30.0) -> RunResult:
+    """Run trusted code in a fresh interpreter (stdlib only), like the sandbox would, minus isolation.
+
+    For tests of the scorers' own logic (test programs, pass tokens); the real sandbox is tested elsewhere."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "prog.py")
+        with open(path, "w") as f:
+            f.write(program)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", path, cwd=d,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return RunResult(Status.TIMEOUT, None, "", "wall-clock limit")
+        status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
+        return RunResult(status, proc.returncode, out.decode(), err.decode())

@@ -4,10 +4,6 @@ checked against the canonical solution with a plain local subprocess runner (tru
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import tempfile
-from dataclasses import dataclass
 
 import pytest
 
@@ -18,35 +14,7 @@ from spogw_dagster.benchmarks import (
     parse_public_test_results,
 )
 from spogw_dagster.benchmarks.humaneval import KNOWN_WRONG_EXAMPLES, code_preamble
-from spogw_dagster.types import Status
-
-
-@dataclass
-class RunResult:
-    status: Status
-    returncode: int | None
-    stdout: str
-    stderr: str
-
-
-async def local_run(program: str, timeout: float = 30.0) -> RunResult:
-    """Run trusted code in a fresh interpreter (stdlib only), like the sandbox would, minus isolation."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "prog.py")
-        with open(path, "w") as f:
-            f.write(program)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", path, cwd=d,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return RunResult(Status.TIMEOUT, None, "", "timeout")
-        status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
-        return RunResult(status, proc.returncode, out.decode(), err.decode())
+from tests.fakes import local_run
 
 
 @pytest.fixture(scope="module")

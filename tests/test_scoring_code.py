@@ -7,10 +7,6 @@ another component; these tests check our logic around it.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-import tempfile
-from dataclasses import dataclass
 
 import pytest
 
@@ -28,33 +24,7 @@ from spogw_dagster.benchmarks import (
     write_mbpp_fixture,
 )
 from spogw_dagster.types import Problem, Status
-
-
-@dataclass
-class RunResult:
-    status: Status
-    returncode: int | None
-    stdout: str
-    stderr: str
-
-
-async def local_run(program: str, timeout: float = 20.0) -> RunResult:
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "prog.py")
-        with open(path, "w") as f:
-            f.write(program)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", path, cwd=d,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return RunResult(Status.TIMEOUT, None, "", "wall-clock limit")
-        status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
-        return RunResult(status, proc.returncode, out.decode(), err.decode())
+from tests.fakes import RunResult, local_run
 
 
 @pytest.fixture(scope="module")
