@@ -91,11 +91,13 @@ def iter_jsonl(path: Path, benchmark: str) -> Iterator[tuple[int, dict[str, Any]
         raise BenchmarkDataError(f"benchmark {benchmark!r}: cannot read {path}: {e}") from None
 
 
-def read_json(path: Path, benchmark: str, expected: str) -> Any:
-    """Read a whole JSON document; errors name the file and the expected format."""
+def read_json(path: Path, benchmark: str, expected: str, top: type | None = None) -> Any:
+    """Read a whole JSON document; errors name the file and the expected format.
+
+    top: the type the document must be at its top level (dict or list), checked here for every loader."""
     try:
         with _open_text(path) as f:
-            return json.load(f)
+            data = json.load(f)
     except json.JSONDecodeError as e:
         raise BenchmarkDataError(
             f"benchmark {benchmark!r}: {path} is not valid JSON (line {e.lineno}: {e.msg}); expected {expected}"
@@ -106,6 +108,11 @@ def read_json(path: Path, benchmark: str, expected: str) -> Any:
         raise BenchmarkFileNotFoundError(f"benchmark {benchmark!r}: {path} does not exist") from None
     except (OSError, EOFError) as e:
         raise BenchmarkDataError(f"benchmark {benchmark!r}: cannot read {path}: {e}") from None
+    if top is not None and not isinstance(data, top):
+        raise BenchmarkDataError(
+            f"benchmark {benchmark!r}: {path} holds a JSON {type(data).__name__}; expected {expected}"
+        )
+    return data
 
 
 def require(rec: dict[str, Any], key: str, types: type | tuple[type, ...], *, benchmark: str, where: str) -> Any:

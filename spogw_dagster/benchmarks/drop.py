@@ -53,11 +53,7 @@ def make_question(passage: str, question: str) -> str:
 def load_drop(path: str | Path | None = None) -> list[Problem]:
     bench = "drop"
     p = resolve_data_path(bench, path, file_format=FILE_FORMAT, standard_names=STANDARD_NAMES)
-    data = read_json(p, bench, FILE_FORMAT)
-    if not isinstance(data, dict):
-        raise BenchmarkDataError(
-            f"benchmark {bench!r}: {p} holds a JSON {type(data).__name__}; expected {FILE_FORMAT}"
-        )
+    data = read_json(p, bench, FILE_FORMAT, top=dict)
     problems: list[Problem] = []
     seen: set[str] = set()
     skipped = 0

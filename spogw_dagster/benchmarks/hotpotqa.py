@@ -29,11 +29,7 @@ def make_question(context: list[tuple[str, list[str]]], question: str) -> str:
 def load_hotpotqa(path: str | Path | None = None) -> list[Problem]:
     bench = "hotpotqa"
     p = resolve_data_path(bench, path, file_format=FILE_FORMAT, standard_names=STANDARD_NAMES)
-    data = read_json(p, bench, FILE_FORMAT)
-    if not isinstance(data, list):
-        raise BenchmarkDataError(
-            f"benchmark {bench!r}: {p} holds a JSON {type(data).__name__}; expected {FILE_FORMAT}"
-        )
+    data = read_json(p, bench, FILE_FORMAT, top=list)
     problems: list[Problem] = []
     seen: set[str] = set()
     for i, rec in enumerate(data):

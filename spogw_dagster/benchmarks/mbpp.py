@@ -70,9 +70,7 @@ def _records(p: Path, bench: str) -> list[tuple[str, dict[str, Any]]]:
     with open(p, "rb") as f:
         head = f.read(4096).lstrip()
     if head.startswith(b"["):
-        data = read_json(p, bench, FILE_FORMAT)
-        if not isinstance(data, list):
-            raise BenchmarkDataError(f"benchmark {bench!r}: {p} is not a JSON list; expected {FILE_FORMAT}")
+        data = read_json(p, bench, FILE_FORMAT, top=list)
         out = []
         for i, rec in enumerate(data):
             if not isinstance(rec, dict):
