@@ -98,7 +98,12 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .evaluation import baseline_workflow, evaluate_many, held_out_problems, summarize
+    from .evaluation import (
+        baseline_workflow,
+        evaluate_many,
+        held_out_problems,
+        summarize,
+    )
 
     problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     code = baseline_workflow(problems[0].family, args.method)

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .isolation import Isolation, Limits, run_code
+from .seeds import derive_seed
 from .types import Problem, Status, Usage
-from .workflow.operators import OperatorConfig, derive_seed
+from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
 from .workflow.runtime import DEFAULT_LIMITS, execute_workflow
 

@@ -6,7 +6,7 @@ Kept free of heavy imports so that any module, the CLI and the tests can use it 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 

@@ -22,7 +22,12 @@ from .code_tests import (
     solution_code,
 )
 from .dataio import BenchmarkDataError, BenchmarkFileNotFoundError
-from .fixtures import write_drop_fixture, write_fixtures, write_hotpotqa_fixture, write_mbpp_fixture
+from .fixtures import (
+    write_drop_fixture,
+    write_fixtures,
+    write_hotpotqa_fixture,
+    write_mbpp_fixture,
+)
 from .humaneval import extract_public_tests
 from .registry import DATASETS, DatasetSpec, dataset_names, get_spec, load_benchmark
 from .scoring import (

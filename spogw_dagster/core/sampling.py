@@ -385,7 +385,11 @@ class VLLMSampler:
             from vllm import LLM
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise ImportError(f"the vLLM sampler needs vllm, which is not installed; fix: {GPU_EXTRA_HINT}") from e
-        from spogw_dagster.models import check_adapter_folder, load_tokenizer, resolve_model
+        from spogw_dagster.models import (
+            check_adapter_folder,
+            load_tokenizer,
+            resolve_model,
+        )
 
         folder = resolve_model(model_spec)
         self.seed = int(seed)

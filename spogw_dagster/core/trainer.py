@@ -477,7 +477,11 @@ def train_lora(
 
     from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
     from spogw_dagster.core.objectives import LossBatch, compute_loss
-    from spogw_dagster.models import check_adapter_folder, load_model_and_tokenizer, resolve_model
+    from spogw_dagster.models import (
+        check_adapter_folder,
+        load_model_and_tokenizer,
+        resolve_model,
+    )
 
     cfg = cfg or TrainConfig()
     exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]

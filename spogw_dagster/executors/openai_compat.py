@@ -28,7 +28,12 @@ from datetime import timezone
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+)
 
 from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
 from spogw_dagster.types import ChatResult, SamplingParams

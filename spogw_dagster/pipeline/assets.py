@@ -20,6 +20,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from ..seeds import derive_seed
 from . import tables
 from .config import SpogwConfig, section_hash
 from .lineage import MissingCheckpointError, adapter_sha256, parent_checkpoint
@@ -37,12 +38,6 @@ def _say(context, msg: str) -> None:
     context.log.info(msg)
     asset = context.assets_def.key.to_user_string()
     PROGRESS.info("[%s] %-17s %s", context.partition_key, asset, msg)
-
-
-def _seed(*parts: Any) -> int:
-    from spogw_dagster.workflow.operators import derive_seed
-
-    return derive_seed(*parts)
 
 
 def _common_metadata(cfg: SpogwConfig, asset: str, t0: float) -> dict[str, Any]:
@@ -102,7 +97,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             raise dg.Failure(description=str(e), allow_retries=False) from None
         problems = spogw.train_queries()
         family = problems[0].family
-        seed = _seed(cfg.generator.seed, "sample", k)
+        seed = derive_seed(cfg.generator.seed, "sample", k)
         _say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} "
                          f"queries from {'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
         prompts, samples, tps = _generate(spogw, parent.path if parent else None, problems, n=cfg.curation.m,
@@ -350,7 +345,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
         problems = spogw.heldout_queries()
         family = problems[0].family
         rep = cfg.report
-        gen_seed = _seed(rep.seed, "report")
+        gen_seed = derive_seed(rep.seed, "report")
         this_system = f"spogw@{key}"
         prev_system = f"spogw@{parent.partition}" if parent else "base"
 

@@ -13,16 +13,17 @@ from .config import SpogwConfig, section_hash
 _PKG = Path(__file__).resolve().parent.parent  # spogw_dagster/
 _SANDBOX = _PKG.parent / "sandbox"
 
-_COMMON = ["pipeline/assets.py", "pipeline/tables.py", "pipeline/storage.py", "pipeline/io.py", "types.py"]
+_COMMON = ["pipeline/assets.py", "pipeline/tables.py", "pipeline/storage.py", "pipeline/io.py", "types.py",
+           "seeds.py"]
 ASSET_CODE: dict[str, list[str]] = {
     "sampled_workflows": ["core/sampling.py", "models.py", "workflow/template.py", "workflow/parser.py",
                           "pipeline/lineage.py"],
-    "execution_scores": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py",
+    "execution_scores": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
                          "pipeline/rewards.py", "pipeline/resources.py", "@sandbox/*.py"],
     "screened_groups": ["core/curation.py", "core/config.py"],
     "sharpened_groups": ["core/curation.py", "core/config.py"],
     "lora_checkpoint": ["core/trainer.py", "core/objectives.py", "core/logprobs.py", "core/config.py", "models.py"],
-    "benchmark_report": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py",
+    "benchmark_report": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
                          "core/sampling.py", "models.py", "pipeline/resources.py", "@sandbox/*.py"],
 }
 

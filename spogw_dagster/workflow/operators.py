@@ -7,15 +7,22 @@ workflow only ever gets strings back. The `test` operator sees only the query's 
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..benchmarks import (build_public_test_program, extract_code, extract_math_answer, extract_qa_answer,
-                          normalize_answer, parse_public_test_results, solution_code)
+from ..benchmarks import (
+    build_public_test_program,
+    extract_code,
+    extract_math_answer,
+    extract_qa_answer,
+    normalize_answer,
+    parse_public_test_results,
+    solution_code,
+)
 from ..isolation import Isolation, Limits, run_code
+from ..seeds import derive_seed
 from ..types import Problem, SamplingParams
 from .template import OPERATORS
 
@@ -48,11 +55,6 @@ class OperatorCallError(Exception):
 
 class BudgetExceeded(OperatorCallError):
     pass
-
-
-def derive_seed(*parts: Any) -> int:
-    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
 
 
 def vote_key(family: str, text: str) -> str:

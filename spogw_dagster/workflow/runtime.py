@@ -16,10 +16,24 @@ from pathlib import Path
 from typing import Any
 
 from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError
-from ..isolation import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
+from ..isolation import (
+    Isolation,
+    Limits,
+    SandboxStartError,
+    runner_path,
+    signal_status,
+    spawn,
+)
+from ..seeds import derive_seed
 from ..types import Problem, Status, Usage
-from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators, derive_seed
-from .parser import ALLOWED_IMPORTS, SAFE_BUILTINS, ValidationLimits, WorkflowRejected, validate
+from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
+from .parser import (
+    ALLOWED_IMPORTS,
+    SAFE_BUILTINS,
+    ValidationLimits,
+    WorkflowRejected,
+    validate,
+)
 from .template import operator_names
 
 RUNNER_IN_SANDBOX = "/sandbox/runner.py"
