@@ -174,12 +174,51 @@ def runner_path() -> Path:
         return Path(__file__).resolve().parent.parent / "sandbox" / "runner.py"
 
 
+@dataclass(frozen=True)
+class SandboxPython:
+    """The interpreter a sandbox starts, and the host paths it needs (bound read-only at the same path)."""
+    executable: str
+    mounts: tuple[str, ...]
+
+
+def _covered(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _base_interpreter() -> str:
+    """The real binary behind sys.executable. A venv's python (symlink or copy) is the base interpreter plus a
+    pyvenv.cfg whose only effect is the venv's site-packages, which sandboxed code never loads (it runs -I -S):
+    so the sandbox starts the base binary itself and needs nothing of the venv."""
+    for candidate in (getattr(sys, "_base_executable", ""), sys.executable):
+        if candidate and os.path.isfile(candidate):
+            return os.path.realpath(candidate)
+    raise SandboxUnavailableError(
+        f"cannot find the Python interpreter behind sys.executable={sys.executable!r} "
+        f"(sys._base_executable={getattr(sys, '_base_executable', '')!r}); run spogw with a Python whose binary exists")
+
+
+def sandbox_python() -> SandboxPython:
+    """Works for a venv (symlinked or copied interpreter, with or without system site-packages), the base
+    interpreter and a self-contained (pyenv-, conda- or uv-style) prefix: the base binary, its prefix (stdlib,
+    lib-dynload, libpython) and nothing else; /usr is bound anyway."""
+    exe = _base_interpreter()
+    mounts: list[str] = ["/usr"]
+    for d in (sys.base_prefix, sys.base_exec_prefix, getattr(sys, "_stdlib_dir", "") or ""):
+        d = os.path.realpath(d) if d else ""
+        if d and os.path.isdir(d) and not _covered(d, mounts):
+            mounts.append(d)
+    if not _covered(exe, mounts):  # a binary outside its prefix (unusual): bind just the file
+        mounts.append(exe)
+    return SandboxPython(exe, tuple(mounts[1:]))
+
+
 def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]],
           uid: int | None = None, container: str | None = None) -> list[str]:
     """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path).
     uid: the unprivileged uid the code runs as under bwrap-as-root (fresh per run by default)."""
     if iso.kind == "bwrap":
-        prefix = sys.base_prefix
+        py = sandbox_python()
+        argv = [py.executable if a == sys.executable else a for a in argv]
         cmd = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                "--die-with-parent", "--new-session",
                "--ro-bind", "/usr", "/usr"]
@@ -189,9 +228,7 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
                 cmd += ["--symlink", os.readlink(target), target]
             elif os.path.isdir(target):
                 cmd += ["--ro-bind", target, target]
-        binds = [(host, inside) for host, inside in ro_files]
-        if not prefix.startswith("/usr/"):
-            binds.insert(0, (prefix, prefix))
+        binds = [(path, path) for path in py.mounts] + [(host, inside) for host, inside in ro_files]
         made: set[str] = set()
         for _, inside in binds:
             # bwrap creates missing parents as 0700 root dirs; the unprivileged uid must traverse them.

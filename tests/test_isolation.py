@@ -1,5 +1,6 @@
 """How sandboxed processes are started: the command lines per isolation kind, and the opt-out path."""
 
+import os
 import sys
 
 import pytest
@@ -112,3 +113,20 @@ def test_stale_run_cgroups_of_dead_processes_are_swept():
     assert not stale.exists()
     assert all(d.exists() for d in live.dirs)  # a live run's group stays
     live.destroy()
+
+
+def test_sandbox_starts_the_base_interpreter_and_mounts_nothing_of_a_venv():
+    """The venv's python is the base binary plus a pyvenv.cfg that only adds site-packages, which sandboxed
+    code never loads (-I -S): the sandbox runs the base binary and binds its prefix, not the venv."""
+    from spogw_dagster.isolation import sandbox_python
+
+    py = sandbox_python()
+    assert os.path.isfile(py.executable) and os.access(py.executable, os.X_OK)
+    assert os.path.realpath(py.executable) == py.executable
+    assert any(py.executable.startswith(m.rstrip("/") + "/") for m in py.mounts + ("/usr",))
+    if sys.prefix != sys.base_prefix:  # running from a venv: none of it is visible inside
+        venv = os.path.realpath(sys.prefix)
+        assert not any(m == venv or m.startswith(venv + "/") for m in py.mounts), py.mounts
+        cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv"),
+                    [sys.executable, "-I", "-S", "-c", "pass"], LIMITS, [])
+        assert sys.executable not in cmd and py.executable in cmd
