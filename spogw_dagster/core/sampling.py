@@ -150,6 +150,51 @@ def _make_logprob_recorder(temperature: float, top_p: float):
     return LogprobRecorder()
 
 
+# Below this many shared tokens a separate forward for the common prefix is not worth its overhead.
+_MIN_SHARED_PREFIX = 16
+
+
+@dataclass
+class _PromptState:
+    """A prefilled prompt: its token ids, per-layer (keys, values) [1, H, L, D], next-token logits [V]."""
+
+    ids: list[int]
+    layers: list[tuple[Any, Any]]
+    last_logits: Any
+
+    @property
+    def length(self) -> int:
+        return len(self.ids)
+
+
+def _row_generator(seed: int, device):
+    import torch
+
+    g = torch.Generator(device=device)  # on the probabilities' device, as torch.multinomial requires
+    g.manual_seed(seed)
+    return g
+
+
+def _cache_from_layers(layers):
+    """A fresh `DynamicCache` holding these (keys, values); the tensors are not modified in place (the cache
+    grows by concatenation), so a prompt's cache can seed many batches."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+
+
+def _cache_kwarg_name(model) -> str:
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _output_cache(out):
+    c = getattr(out, "cache", None)
+    return c if c is not None else out.past_key_values
+
+
 def _make_stop_criteria(tokenizer, stops: Sequence[str], prompt_len: int, batch: int):
     import torch
     from transformers import StoppingCriteria
@@ -184,11 +229,23 @@ def _make_stop_criteria(tokenizer, stops: Sequence[str], prompt_len: int, batch:
 
 
 class TransformersSampler:
-    """Batched sampling with `transformers.generate` (CPU or one GPU), optionally through a LoRA adapter.
+    """Batched sampling with transformers (CPU or one GPU), optionally through a LoRA adapter.
 
-    Rows (prompt × n) are sorted by prompt length and cut into batches of `batch_size`; each batch is
-    left-padded and seeded with a seed derived from (seed, batch index), so the same prompts, params,
-    seed and batch size give the same samples.
+    Rows (prompt × n) are sorted by prompt length and cut into batches of `batch_size`.
+
+    ``prefix_sharing=True`` (default): each distinct prompt is prefilled **once** (the part all prompts of
+    a call share, e.g. the generator's few-shot header, once per call) and its KV cache is reused by all
+    its rows, in every batch they fall in; a batch's rows are then decoded together by our own loop
+    (prompt caches left-padded to a common length when a batch mixes prompts). Row j of prompt i draws
+    its tokens from its own generator seeded with (seed, i, j), so a fixed seed gives the same samples
+    run to run. They are *not* the samples the per-sample path draws for the same seed (another random
+    stream), but they follow the same distribution and log-prob convention.
+
+    ``prefix_sharing=False``: the earlier path, one `model.generate` per batch that prefills every row's
+    prompt; each batch is left-padded and seeded with a seed derived from (seed, batch index). Kept for
+    `bench/sampling_throughput.py`, which compares both on the same prompts.
+
+    Either way the same prompts, params, seed and batch size give the same samples.
     """
 
     logprobs_convention = "log_softmax(logits / T) of the sampled token, before top-p; T = 1 when greedy"
@@ -203,9 +260,12 @@ class TransformersSampler:
         device: str = "auto",
         model=None,
         tokenizer=None,
+        prefix_sharing: bool = True,
     ) -> None:
         import torch
 
+        self.prefix_sharing = bool(prefix_sharing)
+        self._cache_kwarg: str | None = None
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
@@ -253,6 +313,9 @@ class TransformersSampler:
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         rows.sort(key=lambda r: -len(encoded[r[0]]))  # stable: similar lengths share a batch
         out: list[list[SampleResult | None]] = [[None] * n for _ in prompts]
+        if self.prefix_sharing:
+            self._generate_shared(encoded, rows, p, seed, out)
+            return out  # type: ignore[return-value]
         for b, s in enumerate(range(0, len(rows), self.batch_size)):
             chunk = rows[s : s + self.batch_size]
             res = self._generate_batch([encoded[i] for i, _ in chunk], p, _derive_seed(seed, b))
@@ -316,29 +379,181 @@ class TransformersSampler:
         results = []
         for i in range(B):
             toks = gen[i].tolist()
-            end, reason, stop_reason = len(toks), "length", None
+            end, reason = len(toks), "length"
             for k, t in enumerate(toks):
                 if t in self.eos_ids:
                     end, reason = k + 1, "stop"
                     break
             if stopper is not None and stopper.stopped_at[i] is not None and stopper.stopped_at[i] <= end:
                 end, reason = stopper.stopped_at[i], "stop"
-            toks = toks[:end]
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            text, which = _cut_at_stop(text, p.stop)
-            if which is not None:
-                reason, stop_reason = "stop", which
-            results.append(
-                SampleResult(
-                    text=text,
-                    token_ids=toks,
-                    logprobs=[float(v) for v in lps[i, :end].tolist()],
-                    prompt_token_ids=list(prompt_ids[i]),
-                    finish_reason=reason,
-                    stop_reason=stop_reason,
-                )
-            )
+            results.append(self._result(toks[:end], lps[i, :end].tolist(), prompt_ids[i], reason, p))
         return results
+
+    def _result(
+        self, toks: list[int], lps: list[float], prompt_ids: list[int], reason: str, p: SamplingParams
+    ) -> SampleResult:
+        """One finished row: text decoded without special tokens and cut before the first stop string."""
+        text = self.tokenizer.decode(toks, skip_special_tokens=True)
+        text, which = _cut_at_stop(text, p.stop)
+        return SampleResult(
+            text=text,
+            token_ids=list(toks),
+            logprobs=[float(v) for v in lps],
+            prompt_token_ids=list(prompt_ids),
+            finish_reason="stop" if which is not None else reason,
+            stop_reason=which,
+        )
+
+    # -- prefix-shared path ------------------------------------------------------------------------
+
+    def _generate_shared(
+        self, encoded: list[list[int]], rows: list[tuple[int, int]], p: SamplingParams, seed: int, out
+    ) -> None:
+        """One prefill per distinct prompt, its KV cache reused by all its rows (see the class docstring).
+
+        `rows` is sorted by prompt length, so a prompt's rows are consecutive and its cache is dropped as
+        soon as the batch holding its last row is done (at most about two batches' prompts are alive).
+        """
+        keys = [tuple(x) for x in encoded]
+        batches = [rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
+        last_batch = {keys[i]: b for b, chunk in enumerate(batches) for i, _ in chunk}
+        prefix = self._shared_prefix(sorted(set(keys)))
+        states: dict[tuple[int, ...], _PromptState] = {}
+        for b, chunk in enumerate(batches):
+            for i, _ in chunk:
+                if keys[i] not in states:
+                    states[keys[i]] = self._prefill(encoded[i], prefix)
+            gens = [_row_generator(_derive_seed(seed, i, j), self.device) for i, j in chunk]
+            res = self._decode(
+                [states[keys[i]] for i, _ in chunk], [encoded[i] for i, _ in chunk], gens, p
+            )
+            for (i, j), r in zip(chunk, res):
+                out[i][j] = r
+            for k in [k for k, last in last_batch.items() if last == b]:
+                states.pop(k, None)
+
+    def _forward(self, cache=None, **kw):
+        """Forward with a KV cache; transformers 5.x renamed `past_key_values` to `cache` along the way."""
+        if self._cache_kwarg is None:
+            self._cache_kwarg = _cache_kwarg_name(self.model)
+        return self.model(**{self._cache_kwarg: cache}, **kw)
+
+    def _shared_prefix(self, distinct: list[tuple[int, ...]]) -> "_PromptState | None":
+        """The KV cache of the token prefix all distinct prompts share, when there are several and it is
+        long enough to be worth a forward of its own; every prompt keeps at least one token of its own."""
+        if len(distinct) < 2:
+            return None
+        n = min(len(x) for x in distinct) - 1
+        first = distinct[0]
+        for x in distinct[1:]:
+            k = 0
+            while k < n and x[k] == first[k]:
+                k += 1
+            n = k
+        if n < _MIN_SHARED_PREFIX:
+            return None
+        return self._prefill(list(first[:n]), None)
+
+    def _prefill(self, ids: list[int], prefix: "_PromptState | None") -> "_PromptState":
+        """KV cache of `ids` (batch 1, no padding) and the logits that predict its next token. With a
+        shared `prefix`, only the tokens after it go through the model."""
+        import torch
+
+        start = 0
+        cache = None
+        if prefix is not None and prefix.length < len(ids) and list(ids[: prefix.length]) == prefix.ids:
+            start = prefix.length
+            cache = _cache_from_layers(prefix.layers)
+        x = torch.as_tensor([ids[start:]], dtype=torch.long, device=self.device)
+        pos = torch.arange(start, len(ids), device=self.device).unsqueeze(0)
+        with torch.no_grad():
+            o = self._forward(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        cache = _output_cache(o)
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        return _PromptState(list(ids), layers, o.logits[0, -1].float())
+
+    def _decode(
+        self, states: list["_PromptState"], prompt_ids: list[list[int]], gens, p: SamplingParams
+    ) -> list[SampleResult]:
+        """Decode one batch of rows from their prompts' caches; a row leaves the batch when it ends."""
+        import torch
+
+        B = len(states)
+        lens = [s.length for s in states]
+        L = max(lens)
+        if all(s is states[0] for s in states):  # one prompt: expand its cache, no padding, no mask
+            layers = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in states[0].layers]
+            att = None
+        else:  # several prompts: left-pad each cache to L; the mask hides the pads
+            layers = []
+            for li in range(len(states[0].layers)):
+                k0 = states[0].layers[li][0]
+                K = k0.new_zeros((B, k0.shape[1], L, k0.shape[3]))
+                V = torch.zeros_like(K)
+                for r, s in enumerate(states):
+                    K[r, :, L - s.length :] = s.layers[li][0][0]
+                    V[r, :, L - s.length :] = s.layers[li][1][0]
+                layers.append((K, V))
+            att = torch.zeros((B, L), dtype=torch.long, device=self.device)
+            for r, n in enumerate(lens):
+                att[r, L - n :] = 1
+        cache = _cache_from_layers(layers)
+        pos = torch.as_tensor(lens, dtype=torch.long, device=self.device)  # next position of each row
+        logits = torch.stack([s.last_logits for s in states])
+
+        greedy = p.temperature == 0
+        top_p = None
+        if not greedy and p.top_p < 1.0:
+            from transformers import TopPLogitsWarper
+
+            top_p = TopPLogitsWarper(top_p=p.top_p)
+        window = max((len(s) for s in p.stop), default=0) + 8
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        reason = ["length"] * B
+        active = list(range(B))  # batch position -> row
+        for step in range(p.max_tokens):
+            s = logits.float()
+            if not greedy:
+                s = s / p.temperature
+            logp = torch.log_softmax(s, dim=-1)  # the recorded convention: before top-p
+            if greedy:
+                nxt = s.argmax(dim=-1)
+            else:
+                if top_p is not None:
+                    s = top_p(None, s)
+                probs = torch.softmax(s, dim=-1)
+                nxt = torch.cat([torch.multinomial(probs[a], 1, generator=gens[r]) for a, r in enumerate(active)])
+            picked = logp.gather(1, nxt.view(-1, 1)).squeeze(1).tolist()
+            keep = []
+            for a, (r, t, lp) in enumerate(zip(active, nxt.tolist(), picked)):
+                toks[r].append(t)
+                lps[r].append(lp)
+                if t in self.eos_ids or (
+                    p.stop and any(x in self.tokenizer.decode(toks[r][-window:], skip_special_tokens=True) for x in p.stop)
+                ):
+                    reason[r] = "stop"
+                else:
+                    keep.append(a)
+            if not keep or step == p.max_tokens - 1:
+                break
+            if len(keep) < len(active):
+                idx = torch.as_tensor(keep, device=self.device)
+                cache.batch_select_indices(idx)
+                nxt, pos = nxt[idx], pos[idx]
+                att = att[idx] if att is not None else None
+                active = [active[a] for a in keep]
+            if att is not None:
+                att = torch.cat([att, att.new_ones((len(active), 1))], dim=1)
+            with torch.no_grad():
+                o = self._forward(
+                    input_ids=nxt.view(-1, 1), attention_mask=att, position_ids=pos.view(-1, 1),
+                    cache=cache, use_cache=True,
+                )
+            cache = _output_cache(o)
+            pos = pos + 1
+            logits = o.logits[:, -1]
+        return [self._result(toks[r], lps[r], prompt_ids[r], reason[r], p) for r in range(B)]
 
 
 # --------------------------------------------------------------------------------------------------
