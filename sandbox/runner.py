@@ -14,8 +14,9 @@ Protocol: one JSON object per line.
 The workflow code was validated by the parent (AST allow-list) before it got here; this side adds a
 second wall: the code runs with a builtins dict holding only the allow-listed names, and the protocol
 file descriptor is not reachable from the workflow (fd 1 is pointed at /dev/null, prints go to a capped
-buffer), and an audit hook refuses process creation, sockets, ctypes, file opens and new imports once
-the workflow starts: a tripwire that turns an escape attempt into `sandbox_violation` (the OS isolation is
+buffer), and an audit hook refuses process creation (os.fork/exec/spawn/posix_spawn, subprocess.Popen,
+and _posixsubprocess.fork_exec, which has no audit event and is swapped for a tripwire), sockets, ctypes,
+file opens and any import that is not already loaded once the workflow starts: a tripwire that turns an escape attempt into `sandbox_violation` (the OS isolation is
 what actually holds; see spogw_dagster/isolation.py).
 """
 
@@ -39,19 +40,34 @@ _BLOCKED_EVENTS = frozenset({
 _violation = []  # the first blocked event, reported at the end even if the workflow swallowed the error
 
 
+def _trip(event):
+    if not _violation:
+        _violation.append(event)
+    raise PermissionError(f"sandbox: {event} is not allowed in a workflow")
+
+
+def _disarm_fork_exec():
+    """_posixsubprocess.fork_exec starts a process without any audit event (subprocess.Popen raises its event
+    before calling it), and it stays reachable as Popen.__init__.__globals__['_fork_exec']: swap it, in both
+    places, for a tripwire. A fresh copy of the module would need an import, which the hook refuses."""
+    def fork_exec(*args, **kwargs):
+        _trip("_posixsubprocess.fork_exec")
+
+    for module, name in (("_posixsubprocess", "fork_exec"), ("subprocess", "_fork_exec")):
+        if module in sys.modules and hasattr(sys.modules[module], name):
+            setattr(sys.modules[module], name, fork_exec)
+
+
 def _install_tripwire():
-    allowed_modules = frozenset(sys.modules) | {"math"}
+    _disarm_fork_exec()
 
     def hook(event, args):
-        blocked = (
-            event in _BLOCKED_EVENTS
-            or event.startswith(("socket.", "ctypes.", "os.set", "signal."))
-            or (event == "import" and args and args[0] not in allowed_modules)
-        )
-        if blocked:
-            if not _violation:
-                _violation.append(event)
-            raise PermissionError(f"sandbox: {event} is not allowed in a workflow")
+        # "import" fires only when a module is not in sys.modules (a cache miss): everything the workflow may
+        # import (math) is loaded already, so a miss is a new module, or a loaded one removed from sys.modules
+        # or re-created by _imp.create_dynamic to get a fresh, unpatched copy.
+        if event in _BLOCKED_EVENTS or event.startswith(("socket.", "ctypes.", "os.set", "signal.")) \
+                or event == "import":
+            _trip(event)
 
     sys.addaudithook(hook)
 
