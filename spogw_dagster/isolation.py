@@ -172,13 +172,10 @@ _SECCOMP_PROBE = ("import sys\nstatus = open('/proc/self/status').read()\n"
 
 
 def _try_docker() -> tuple[Isolation | None, str]:
-    docker = shutil.which("docker")
-    if not docker:
-        return None, "no docker client"
-    ok, why = _probe([docker, "image", "inspect", DOCKER_IMAGE], timeout=10)
-    if not ok:
-        return None, f"engine unreachable or image {DOCKER_IMAGE} missing ({why.splitlines()[-1] if why else ''})"
-    return Isolation("docker", detail=DOCKER_IMAGE), ""
+    from . import docker_sandbox  # client, engine, image and a probe container (seccomp in force)
+
+    why, detail = docker_sandbox.detect()
+    return (None, why) if why else (Isolation("docker", detail=detail), "")
 
 
 def runner_path() -> Path:
@@ -271,19 +268,10 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
             cmd += ["--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL", "--"]
         return cmd + argv
     if iso.kind == "docker":
-        cmd = ["docker", "run", "--rm", "-i", "--init", "--name", container or f"spogw-{os.getpid()}-{fresh_uid()}",
-               "--network", "none", "--read-only", "--cap-drop", "ALL",
-               "--security-opt", "no-new-privileges", "--pids-limit", str(limits.nproc),
-               "--memory", f"{limits.memory_mb}m", "--cpus", "1", "--user", "65534:65534",
-               "--tmpfs", f"/tmp:rw,size={limits.scratch_mb}m,mode=1777", "--workdir", "/tmp",
-               "--ulimit", f"cpu={limits.cpu_s}", "--ulimit", f"fsize={limits.fsize_mb * 1024 * 1024}",
-               "--ulimit", f"nofile={limits.nofile}"]
-        for host, inside in ro_files:
-            if inside != "/sandbox/runner.py":  # the image carries its own runner
-                cmd += ["-v", f"{host}:{inside}:ro"]
-        # The image's python lives at /usr/local/bin/python.
-        argv = ["python" if a == sys.executable else a for a in argv]
-        return cmd + [DOCKER_IMAGE] + argv
+        from . import docker_sandbox  # an empty image; /usr, the interpreter and sandbox/ bound read-only
+
+        return docker_sandbox.run_command(argv, limits, ro_files, uid,
+                                          container or f"spogw-{os.getpid()}-{fresh_uid()}")
     return list(argv)
 
 
