@@ -12,16 +12,24 @@ LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=512, nproc=8, scratch_mb=32, fsize_
 
 
 def test_docker_command_isolates_network_filesystem_privileges_and_resources():
+    from spogw_dagster.isolation import sandbox_python
+
     cmd = _wrap(Isolation("docker"), [sys.executable, "-I", "-S", "/sandbox/runner.py"], LIMITS,
-                [("/host/runner.py", "/sandbox/runner.py")])
+                [("/host/extra.py", "/sandbox/extra.py")])
     joined = " ".join(cmd)
     for flag in ("--network none", "--read-only", "--cap-drop ALL", "--security-opt no-new-privileges",
-                 "--pids-limit 8", "--memory 512m", "--user 65534:65534", "--tmpfs /tmp:rw,size=32m,mode=1777",
-                 "--ulimit cpu=3", "--rm -i"):
+                 "--security-opt seccomp=", "--pids-limit 8", "--memory 512m", "--memory-swap 512m",
+                 "--user 65534:65534", "--tmpfs /tmp:rw,size=32m,mode=1777", "--ulimit cpu=3:4", "--rm -i",
+                 "--log-driver none"):
         assert flag in joined, flag
-    # the image carries its own runner and python; nothing from the host is mounted for a workflow run
-    assert "-v" not in cmd
-    assert cmd[cmd.index(DOCKER_IMAGE) + 1:] == ["python", "-I", "-S", "/sandbox/runner.py"]
+    # host paths come in read-only only (/usr, the interpreter's prefix, sandbox/, ro_files); no -v at all
+    assert "-v" not in cmd and "--volume" not in cmd
+    mounts = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--mount"]
+    assert mounts and all(m.startswith("type=bind,") and m.endswith(",readonly") for m in mounts)
+    assert "type=bind,source=/usr,target=/usr,readonly" in mounts
+    assert "type=bind,source=/host/extra.py,target=/sandbox/extra.py,readonly" in mounts
+    # the base interpreter, reached through the read-only binds
+    assert cmd[cmd.index(DOCKER_IMAGE) + 1:] == [sandbox_python().executable, "-I", "-S", "/sandbox/runner.py"]
 
 
 def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
