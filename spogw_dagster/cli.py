@@ -46,8 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--split-seed", type=int, default=0)
     bl.add_argument("--concurrency", type=int, default=4)
     bl.add_argument("--show", action="store_true", help="also list per-query results")
+    sb = sub.add_parser("sandbox", help="manage the sandbox for generated code")
+    sb_sub = sb.add_subparsers(dest="sandbox_cmd", required=True)
+    img = sb_sub.add_parser("build-image", help="build the Docker sandbox image locally (no registry needed)")
+    img.add_argument("--force", action="store_true", help="rebuild even if the image is up to date")
     _add_pipeline_commands(sub)
     return ap
+
+
+def _sandbox_build_image(args) -> int:
+    from .docker_sandbox import DockerUnavailableError, build_image
+
+    try:
+        print(build_image(force=args.force))
+    except DockerUnavailableError as e:
+        return _fail(str(e), as_json=False)
+    return 0
 
 
 def _add_pipeline_commands(sub) -> None:
@@ -136,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         from .pipeline.cli import run_pipeline_command
 
         return run_pipeline_command(args)
+    if args.cmd == "sandbox":
+        return _sandbox_build_image(args)
     try:
         if args.cmd == "exec-workflow":
             return asyncio.run(_exec_workflow(args))
