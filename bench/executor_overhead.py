@@ -136,8 +136,9 @@ async def bench(base_url: str, n: int, concurrency: int, rounds: int) -> None:
 def sandbox_start_cost(n: int = 20) -> None:
     """Per-run start cost of the sandbox, side by side with a plain Python subprocess in the same run.
 
-    Three ways to run the same trivial program, interleaved so machine noise hits all alike:
-    a plain `python -I -S -c pass` subprocess (the floor), `run_code` in the sandbox, and a full
+    The same trivial program, interleaved so machine noise hits all alike: a plain `python -I -S -c pass`
+    subprocess (the floor); under bwrap, the bare bwrap command line without and with the seccomp filter
+    (the filter's cost: a memfd per start plus loading the BPF program); `run_code` in the sandbox; and a full
     one-operator workflow run through the sandboxed runner with an instant in-process executor.
     """
     import statistics
@@ -166,12 +167,17 @@ def sandbox_start_cost(n: int = 20) -> None:
 
     problem = Problem("gsm8k", "bench", "1+0?", answer="1", family="math")
     code = "class Workflow:\n    async def run(self):\n        return await self.custom(instruction='x')\n"
-    plain, sandboxed, workflow = [], [], []
+    plain, sandboxed, workflow, bare_bwrap, filtered_bwrap = [], [], [], [], []
 
     async def one_round() -> None:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
         plain.append(time.perf_counter() - t)
+        if iso.kind == "bwrap":
+            for with_filter, times in ((False, bare_bwrap), (True, filtered_bwrap)):
+                t = time.perf_counter()
+                bwrap_pass(iso, with_filter)
+                times.append(time.perf_counter() - t)
         t = time.perf_counter()
         r = await run_code("pass", iso)
         assert r.status.value == "ok", r.error
@@ -189,9 +195,32 @@ def sandbox_start_cost(n: int = 20) -> None:
     base = statistics.median(plain)
     print(f"\nsandbox start cost ({iso.kind}, median of {n}):")
     print(f"    plain python subprocess     {base * 1e3:7.1f} ms   1.00x")
-    for name, xs in (("run_code (sandboxed)", sandboxed), ("workflow run, 1 operator", workflow)):
+    rows = (("bwrap, no seccomp filter", bare_bwrap), ("bwrap + seccomp filter", filtered_bwrap),
+            ("run_code (sandboxed)", sandboxed), ("workflow run, 1 operator", workflow))
+    for name, xs in rows:
+        if not xs:
+            continue
         m = statistics.median(xs)
         print(f"    {name:<27} {m * 1e3:7.1f} ms   {m / base:.2f}x")
+
+
+def bwrap_pass(iso, with_filter: bool) -> None:
+    """`python -I -S -c pass` under the bare bwrap command line, with or without the --seccomp argument."""
+    import os
+    import subprocess
+
+    from spogw_dagster import seccomp
+    from spogw_dagster.isolation import Limits, _wrap
+
+    fd = seccomp.program_fd()
+    try:
+        cmd = _wrap(iso, [sys.executable, "-I", "-S", "-c", "pass"], Limits(), [], seccomp_fd=fd)
+        if not with_filter:
+            at = cmd.index("--seccomp")
+            del cmd[at:at + 2]
+        subprocess.run(cmd, check=True, pass_fds=(fd,) if with_filter else (), env={"PATH": "/usr/bin:/bin"})
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
@@ -199,7 +228,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=300, help="calls per measurement")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sandbox-only", action="store_true", help="only the sandbox start cost")
+    ap.add_argument("--sandbox-n", type=int, default=20, help="rounds of the sandbox start cost (median)")
     args = ap.parse_args()
+    if args.sandbox_only:
+        sandbox_start_cost(args.sandbox_n)
+        return
     proc, base_url = start_server()
     try:
         asyncio.run(bench(base_url, args.n, args.concurrency, args.rounds))
@@ -210,7 +244,7 @@ def main() -> None:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
-    sandbox_start_cost()
+    sandbox_start_cost(args.sandbox_n)
 
 
 if __name__ == "__main__":
