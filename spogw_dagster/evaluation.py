@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .isolation import Isolation, Limits, run_code
+from .isolation import Isolation, Limits
 from .seeds import derive_seed
 from .types import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
@@ -128,6 +128,7 @@ async def evaluate_workflow(
     op_cfg: OperatorConfig = OperatorConfig(), limits: Limits = DEFAULT_LIMITS,
 ) -> EvalResult:
     """Run `code` R times on `problem`; score = mean over runs of the benchmark metric (0 for failed runs)."""
+    from .benchmarks import CodeSandbox
     from .benchmarks import score as score_answer  # late: scoring pulls math-verify
 
     if runs < 1:
@@ -138,9 +139,6 @@ async def evaluate_workflow(
     scores: list[float] = []
     answer, error, detail = "", "", ""
 
-    async def sandboxed(program: str):
-        return await run_code(program, iso, SCORING_LIMITS)
-
     for r in range(runs):
         res = await execute_workflow(code, problem, executor, iso, seed=derive_seed(seed, r), op_cfg=op_cfg,
                                      limits=limits)
@@ -148,7 +146,7 @@ async def evaluate_workflow(
         statuses.append(res.status)
         s = 0.0
         if res.status == Status.OK:
-            sd = await score_answer(problem, res.answer, run_code=sandboxed)
+            sd = await score_answer(problem, res.answer, sandbox=CodeSandbox(iso, SCORING_LIMITS))
             s = float(sd.score)
             detail = detail or sd.detail
             answer = answer or res.answer

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from spogw_dagster.benchmarks import build_test_program, score
+from spogw_dagster.benchmarks import CodeSandbox, hidden_test_job, score
 from spogw_dagster.evaluation import SCORING_LIMITS, evaluate_workflow, get_problem, held_out_problems
 from spogw_dagster.executors import CachingExecutor, CallCache
 from spogw_dagster.executors.embedded import EmbeddedExecutor
-from spogw_dagster.isolation import detect_isolation, run_code
+from spogw_dagster.isolation import detect_isolation
 from spogw_dagster.types import Status
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.template import TEMPLATES
@@ -58,14 +58,12 @@ async def test_hidden_tests_in_the_sandbox_pass_the_reference_and_fail_a_wrong_s
     ref = read_problems()["HumanEval/0"]
     good = ref["prompt"] + ref["canonical_solution"]
 
-    async def sandboxed(program):
-        return await run_code(program, iso, SCORING_LIMITS)
-
-    assert (await score(p, f"```python\n{good}\n```", run_code=sandboxed)).score == 1.0
+    sandbox = CodeSandbox(iso, SCORING_LIMITS)
+    assert (await score(p, f"```python\n{good}\n```", sandbox=sandbox)).score == 1.0
     wrong = ref["prompt"] + "    return False\n"
-    assert (await score(p, wrong, run_code=sandboxed)).score == 0.0
-    # the test program really is the hidden test plus a check() call
-    assert "check(has_close_elements)" in build_test_program(p, good)
+    assert (await score(p, wrong, sandbox=sandbox)).score == 0.0
+    # the test process really runs the hidden test plus a check() call
+    assert hidden_test_job(p, good).tests == ("check(has_close_elements)",)
 
 
 def test_cli_exec_workflow_prints_one_json_object(tmp_path):

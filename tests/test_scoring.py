@@ -339,7 +339,7 @@ async def test_dispatch():
     assert scorer_for(_p("my_qa", "qa")) == "qa_f1"
     with pytest.raises(ValueError, match="no scorer"):
         scorer_for(_p("odd", "poetry"))
-    with pytest.raises(ValueError, match="needs run_code"):
+    with pytest.raises(ValueError, match="needs a sandbox"):
         await score(_p("humaneval", "code"), "def f(): pass")
     with pytest.raises(ValueError, match="async `score`"):
         score_answer(_p("mbpp", "code"), "x")

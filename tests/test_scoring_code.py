@@ -1,30 +1,34 @@
-"""Code scoring: extraction, test programs, and score_code with an injected runner.
+"""Code scoring: extraction, the plain-data codec, test jobs, and verdicts from the real two-process sandbox.
 
-The runner here is a plain local subprocess with a timeout (trusted code only): the real sandbox is
-another component; these tests check our logic around it.
+Expected values are worked out by hand from the problem texts; every verdict runs in the real sandbox
+(`detect_isolation()`): the solution in one process, the tests in another.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 
 import pytest
 
 from spogw_dagster.benchmarks import (
-    PUBLIC_RESULT_PREFIX,
-    ScoringInfrastructureError,
-    build_public_test_program,
-    build_test_program,
+    CodeSandbox,
+    TestJob,
     extract_code,
+    hidden_test_job,
+    judge,
     load_benchmark,
-    parse_public_test_results,
+    public_test_job,
+    run_public_tests,
     score,
     score_code,
     solution_code,
     write_mbpp_fixture,
 )
-from spogw_dagster.types import Problem, Status
-from tests.fakes import RunResult, local_run
+from spogw_dagster.benchmarks.verdict import plaindata
+from spogw_dagster.isolation import Isolation, Limits, SandboxStartError, detect_isolation
+from spogw_dagster.types import Problem
+
+LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8, max_output_bytes=100_000)
 
 
 @pytest.fixture(scope="module")
@@ -37,67 +41,58 @@ def mbpp(tmp_path_factory):
     return load_benchmark("mbpp", write_mbpp_fixture(tmp_path_factory.mktemp("mbpp")))
 
 
+@pytest.fixture(scope="module")
+def sandbox():
+    return CodeSandbox(detect_isolation(), LIMITS, call_timeout_s=3.0)
+
+
+def _problem(tests: str, entry: str = "f", pid: str = "x/1") -> Problem:
+    return Problem(benchmark="mbpp", id=pid, question="", family="code", entry_point=entry, hidden_tests=tests,
+                   meta={"test_style": "asserts"})
+
+
 # ---------------------------------------------------------------- extract_code
 
 
-def test_extract_from_fence_drops_test_calls():
-    text = """Here is my solution:
+def test_extract_keeps_top_level_statements_a_solution_relies_on():
+    code = (
+        "try:\n    from math import gcd\nexcept ImportError:\n    def gcd(a, b):\n        return a\n\n"
+        "TABLE = {}\nfor i in range(3):\n    TABLE[i] = i * i\n\n"
+        "SEEN = set()\nSEEN.update([1, 2])\n\n"
+        "f = lambda x: TABLE[x] + len(SEEN) + gcd(4, 6)\n"
+    )
+    assert extract_code(f"Here:\n```python\n{code}```\nDone.", "f") == code
 
-```python
-import math
 
-SCALE = 2
-UNUSED = compute_forever()
-
-def area(r):
-    return SCALE * math.pi * r * r
-
-print(area(2))
-if __name__ == "__main__":
-    area(3)
-```
-It works."""
+def test_extract_keeps_stray_calls_and_main_blocks_but_drops_prose_words():
+    text = ("```python\nimport math\n\ndef area(r):\n    return math.pi * r * r\n\nExplanation\n"
+            "print(area(2))\nif __name__ == \"__main__\":\n    area(3)\n```")
+    # the bare word goes; the example call and the __main__ block stay (the harness would run the call,
+    # and never the __main__ block: the solution's module is not __main__)
     assert extract_code(text, "area") == (
-        "import math\n\nSCALE = 2\n\ndef area(r):\n    return SCALE * math.pi * r * r\n"
+        "import math\n\ndef area(r):\n    return math.pi * r * r\n\n\nprint(area(2))\n"
+        "if __name__ == \"__main__\":\n    area(3)\n"
     )
 
 
 def test_extract_picks_block_defining_entry_point():
-    text = "```python\ndef helper_function():\n    return 1\n```\nthen\n```py\ndef target(x):\n    return x\n```\n```\nprint(target(1))\n```"
+    text = ("```python\ndef helper_function():\n    return 1\n```\nthen\n```py\ndef target(x):\n    return x\n```\n"
+            "```\nprint(target(1))\n```")
     assert extract_code(text, "target") == "def target(x):\n    return x\n"
-    # without an entry point: the longest block
-    assert extract_code(text) == "def helper_function():\n    return 1\n"
+    assert extract_code(text) == "def helper_function():\n    return 1\n"  # no entry point: the longest
+    assert extract_code("```python\ntarget = lambda x: x\n```\n```python\nprint(1)\n```", "target") == "target = lambda x: x\n"
 
 
 def test_extract_raw_text_and_cut_off_output():
     raw = "Sure! Here it is.\ndef f(x):\n    return x + 1\n\ndef g(y):\n    return f("
     assert extract_code(raw, "f") == "def f(x):\n    return x + 1\n"
-    # an unclosed fence (the model ran out of tokens)
-    assert extract_code("```python\ndef f():\n    return 2\n", "f") == "def f():\n    return 2\n"
-    # prose between an import and the function is dropped
+    assert extract_code("```python\ndef f():\n    return 2\n", "f") == "def f():\n    return 2\n"  # unclosed fence
     assert extract_code("import math\nHere is the function:\ndef f(x):\n    return math.sqrt(x)\nDone!", "f") == (
         "import math\n\ndef f(x):\n    return math.sqrt(x)\n"
     )
     assert extract_code("I don't know.", "f") == ""
     assert extract_code("", "f") == ""
-    # other languages are ignored
     assert extract_code("```bash\nls\n```", "f") == ""
-
-
-def test_extract_keeps_assignments_used_through_other_assignments():
-    code = "BASE = 10\nLIMIT = BASE * 2\nJUNK = 3\n\ndef f(x):\n    return min(x, LIMIT)\n"
-    assert extract_code(code, "f") == "BASE = 10\n\nLIMIT = BASE * 2\n\ndef f(x):\n    return min(x, LIMIT)\n"
-
-
-def test_extract_drops_statements_after_semicolons():
-    assert extract_code("import os; os._exit(0)\ndef f():\n    return 'é'  # accent\n", "f") == (
-        "import os\n\ndef f():\n    return 'é'  # accent\n"
-    )
-
-
-def test_extract_keeps_classes_and_decorators():
-    code = "import functools\n\n@functools.lru_cache(None)\ndef fib(n):\n    return n if n < 2 else fib(n-1) + fib(n-2)\n\nclass A:\n    pass\n"
-    assert extract_code(code, "fib") == code
 
 
 def test_solution_code_accepts_a_bare_completion(he):
@@ -107,202 +102,184 @@ def test_solution_code_accepts_a_bare_completion(he):
     assert "def truncate_number" in code and "return number % 1.0" in code
 
 
-# ---------------------------------------------------------------- programs
+# ---------------------------------------------------------------- plain data
 
 
-def test_build_test_program_humaneval(he):
-    p = he["HumanEval/0"]
-    prog = build_test_program(p, "def has_close_elements(numbers, threshold):\n    return False\n")
-    assert prog.startswith("from typing import List\n")  # prompt preamble first
-    assert p.hidden_tests.strip() in prog
-    lines = prog.rstrip("\n").splitlines()
-    assert lines[-3] == "check(has_close_elements)"
-    assert lines[-1].startswith("__import__('sys').stdout.write('SPOGW-HIDDEN-TESTS-PASSED-")
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -1, 2**200, -(2**70), 1.5, -0.0, math.inf, -math.inf, 1 + 2j, "", "é\ud800", b"\x00\xff",
+    [1, [2.0, (3,)]], (1, 2), {"a": {1, 2}, 3: frozenset({"x"}), (1, "t"): None}, set(), frozenset(), {},
+])
+def test_plain_data_round_trips_by_exact_type(value):
+    back = plaindata.decode(plaindata.encode(value))
+    assert back == value and type(back) is type(value)
+    assert repr(back) == repr(value)  # -0.0 stays -0.0, inner tuples stay tuples
 
 
-def test_build_test_program_mbpp(mbpp):
-    p = mbpp[5]
-    prog = build_test_program(p, p.answer)
-    assert "import math\nassert math.isclose(point_distance(0, 0, 3, 4), 5.0)" in prog
-    assert "check(" not in prog
-    with pytest.raises(ValueError, match="no hidden tests"):
-        build_test_program(Problem("x", "x/1", "q", family="code"), "pass")
+def test_plain_data_keeps_the_distinctions_equality_would_blur():
+    assert plaindata.decode(plaindata.encode((1, 2))) != [1, 2]
+    assert type(plaindata.decode(plaindata.encode(True))) is bool and type(plaindata.decode(plaindata.encode(1))) is int
+    nan = plaindata.decode(plaindata.encode(float("nan")))
+    assert math.isnan(nan) and nan != nan
+    assert plaindata.decode(plaindata.encode(0.1 + 0.2)) == 0.30000000000000004
+    assert plaindata.decode(plaindata.encode(10**5000)) == 10**5000  # hex: no decimal digit limit
 
 
-async def test_public_test_program_reports_each_test(he):
-    p = he["HumanEval/0"]
-    wrong = "def has_close_elements(numbers, threshold):\n    return True\n"
-    tests = p.public_tests + ["assert 1/0"]
-    res = await local_run(build_public_test_program(p, wrong, tests))
-    recs = parse_public_test_results(res.stdout)
-    assert res.returncode == 1
-    assert [r["passed"] for r in recs] == [False, True, False]  # one failure does not stop the rest
-    assert recs[0]["error"].startswith("AssertionError") and recs[2]["error"].startswith("ZeroDivisionError")
-    ok = await local_run(build_public_test_program(p, p.answer))
-    assert ok.returncode == 0 and all(r["passed"] for r in parse_public_test_results(ok.stdout))
+class _Int(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
 
 
-async def test_public_test_program_mbpp_setup(mbpp):
-    p = mbpp[5]  # its public test needs `import math` from the setup code
-    res = await local_run(build_public_test_program(p, p.answer))
-    assert res.returncode == 0, res.stderr
-    assert parse_public_test_results(res.stdout)[0]["passed"] is True
-
-
-def test_parse_public_test_results_ignores_noise():
-    out = f"hello\n{PUBLIC_RESULT_PREFIX}{{bad json\n{PUBLIC_RESULT_PREFIX}{{\"index\": 0, \"passed\": true}}\n"
-    assert parse_public_test_results(out) == [{"index": 0, "passed": True}]
-
-
-# ---------------------------------------------------------------- score_code
-
-
-async def test_all_canonical_solutions_score_one(he, mbpp):
-    problems = list(he.values()) + mbpp
-    sem = asyncio.Semaphore(4)
-
-    async def one(p):
-        async with sem:
-            return p.id, await score_code(p, p.answer, local_run)
-
-    results = await asyncio.gather(*(one(p) for p in problems))
-    failed = [(pid, d.detail) for pid, d in results if d.score != 1.0]
-    assert failed == []
-
-
-async def test_wrong_and_broken_answers_score_zero(he, mbpp):
-    p = he["HumanEval/2"]
-    d = await score_code(p, "```python\ndef truncate_number(number):\n    return 0.0\n```", local_run)
-    assert d.score == 0.0 and d.detail.startswith("failed: runtime_error") and "AssertionError" in d.detail
-    d = await score_code(p, "def truncate_number(number):\n    return number +", local_run)
-    assert d.score == 0.0  # unparsable tail dropped -> nothing defines the entry point
-    d = await score_code(p, "no code at all", local_run)
-    assert (d.score, d.detail) == (0.0, "no code found in the answer")
-    d = await score_code(p, "def other(x):\n    return x\n", local_run)
-    assert d.score == 0.0 and "does not define truncate_number" in d.detail
-    d = await score_code(mbpp[0], "def count_vowels(s):\n    return 2\n", local_run)
-    assert d.score == 0.0
-
-
-async def test_timeout_scores_zero(he):
-    async def slow_runner(program):
-        return await local_run(program, timeout=1.0)
-
-    d = await score_code(he["HumanEval/2"], "def truncate_number(number):\n    while True:\n        pass\n", slow_runner)
-    assert d.score == 0.0 and d.detail.startswith("failed: timeout")
-
-
-async def test_exit_before_tests_does_not_pass(he):
-    """A solution that exits 0 while being defined never reaches the tests: not a pass."""
-    sneaky = "def truncate_number(number, _=__import__('os')._exit(0)):\n    return 0\n"
-    d = await score_code(he["HumanEval/2"], sneaky, local_run)
-    assert d.score == 0.0 and "exited before the tests finished" in d.detail
-
-
-async def test_runner_failure_propagates(he):
-    async def broken_runner(program):
-        raise RuntimeError("sandbox unavailable")
-
-    with pytest.raises(RuntimeError, match="sandbox unavailable"):
-        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, broken_runner)
-
-    async def executor_error(program):
-        return RunResult(Status.EXECUTOR_ERROR, None, "", "boom")
-
-    with pytest.raises(ScoringInfrastructureError, match="executor_error"):
-        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, executor_error)
-
-    async def odd_status(program):
-        return RunResult("exploded", 0, "", "")  # type: ignore[arg-type]
-
-    with pytest.raises(ScoringInfrastructureError, match="unknown status"):
-        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, odd_status)
-
-
-async def test_status_given_as_string_value(he):
-    async def runner(program):
-        r = await local_run(program)
-        return RunResult(r.status.value, r.returncode, r.stdout, r.stderr)  # type: ignore[arg-type]
-
-    assert (await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, runner)).score == 1.0
-
-
-async def test_dispatcher_runs_code(mbpp):
-    p = mbpp[3]
-    d = await score(p, f"Here you go:\n```python\n{p.answer}\n```", run_code=local_run)
-    assert d.score == 1.0 and d.detail == "passed"
-
-
-# ---------------------------------------------------------------- results must be plain data
-
-_ALWAYS_EQUAL = """
 class _Anything:
     def __eq__(self, other):
         return True
-    def __ne__(self, other):
-        return False
-    __hash__ = object.__hash__
-"""
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        "return _Anything()",
-        "return [_Anything()]",  # hidden inside a container
-        "return {'k': (1, _Anything())}",
-        "return _Int(0)",  # a subclass of a builtin type
-    ],
-    ids=["object", "in-list", "in-dict-tuple", "int-subclass"],
-)
-async def test_always_equal_results_do_not_pass_humaneval(he, body):
-    sol = (_ALWAYS_EQUAL + "\nclass _Int(int):\n    def __eq__(self, other):\n        return True\n"
-           "    __hash__ = int.__hash__\n\n"
-           f"def has_close_elements(numbers, threshold):\n    {body}\n")
-    d = await score_code(he["HumanEval/0"], sol, local_run)
-    assert d.score == 0.0 and "TypeError" in d.detail and "has_close_elements returned" in d.detail, d.detail
+@pytest.mark.parametrize("value", [_Int(1), _Anything(), [_Anything()], {"k": (1, _Anything())}, (x for x in []),
+                                   print, type("S", (str,), {})("s")])
+def test_plain_data_refuses_anything_else(value):
+    with pytest.raises(plaindata.NotPlainData, match="not plain data"):
+        plaindata.encode(value)
 
 
-async def test_always_equal_results_do_not_pass_mbpp(mbpp):
-    for p in mbpp:
-        sol = _ALWAYS_EQUAL + f"\ndef {p.entry_point}(*args, **kwargs):\n    return _Anything()\n"
-        d = await score_code(p, sol, local_run)
-        assert d.score == 0.0 and "TypeError" in d.detail, (p.id, d.detail)
+def test_plain_data_refuses_cycles_and_malformed_nodes():
+    a = [1]
+    a.append(a)
+    with pytest.raises(plaindata.NotPlainData, match="nested deeper"):
+        plaindata.encode(a)
+    for bad in [["B", 1], ["I", "0x10"], ["I", "1g"], ["F", 1.5], ["S", 3], ["E", [["L", []]]],
+                ["D", [[["L", []], ["N"]]]], ["Q"], [], "N", ["L", "abc"], ["C", "0x1p0"]]:
+        with pytest.raises(plaindata.NotPlainData):
+            plaindata.decode(bad)
 
 
-async def test_rebinding_the_entry_point_during_a_call_does_not_escape_the_check(he):
-    sol = _ALWAYS_EQUAL + (
-        "\ndef has_close_elements(numbers, threshold):\n"
-        "    globals()['has_close_elements'] = lambda *a: _Anything()\n"
-        "    return any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])\n"
-    )
-    # asserts that call the entry point by name must meet the wrapper again after each call
-    p = Problem(benchmark="humaneval", id="x/rebind", question="", family="code",
-                entry_point=he["HumanEval/0"].entry_point,
-                hidden_tests="assert has_close_elements([1.0, 1.05], 0.1) == True\n"
-                             "assert has_close_elements([1.0, 3.0], 0.1) == False\n")
-    d = await score_code(p, sol, local_run)
-    assert d.score == 1.0, d.detail  # the lambda the solution installed is replaced by the wrapper again
-    cheat = _ALWAYS_EQUAL + ("\ndef has_close_elements(numbers, threshold):\n"
-                             "    globals()['has_close_elements'] = lambda *a: _Anything()\n"
-                             "    return True\n")
-    assert (await score_code(p, cheat, local_run)).score == 0.0  # second assert meets the wrapper, fails
+# ---------------------------------------------------------------- test jobs
 
 
-async def test_plain_results_of_every_kind_pass_and_recursion_is_not_doubled():
-    sol = (
-        "def f(n):\n"
-        "    if n == 0:\n"
-        "        return [None, True, 1, 1.5, 2j, 's', b'b', (1,), {'k': {1, 2}}, frozenset({3})]\n"
-        "    return f(n - 1)\n"
-    )
-    expected = "[None, True, 1, 1.5, 2j, 's', b'b', (1,), {'k': {1, 2}}, frozenset({3})]"
-    # depth 900 is within the default recursion limit (1000) only if the wrapper is not in every frame
-    p = Problem(benchmark="mbpp", id="x/plain", question="", family="code", entry_point="f",
-                hidden_tests=f"assert f(900) == {expected}\nassert f.__name__ == 'f'\n")
-    d = await score_code(p, sol, local_run)
-    assert d.score == 1.0, d.detail
-    cyclic = "def f(n):\n    a = [1]\n    a.append(a)\n    return a\n"
-    p2 = Problem(benchmark="mbpp", id="x/cyclic", question="", family="code", entry_point="f",
-                 hidden_tests="r = f(0)\nassert r[1] is r\n")
-    assert (await score_code(p2, cyclic, local_run)).score == 1.0
+def test_hidden_test_job_humaneval(he):
+    p = he["HumanEval/0"]
+    job = hidden_test_job(p, "def has_close_elements(numbers, threshold):\n    return False\n")
+    assert job.setup.startswith("from typing import List\n") and "def check(candidate):" in job.setup
+    assert job.tests == ("check(has_close_elements)",)
+    assert job.names == ("has_close_elements",) and job.stop_at_first_failure
+
+
+def test_hidden_test_job_mbpp_and_names(mbpp):
+    p = mbpp[5]
+    job = hidden_test_job(p, p.answer)
+    assert job.tests == (p.hidden_tests.strip() + "\n",) and job.names == ("point_distance",)
+    # a second solution function the tests call is proxied too; a builtin the solution shadows never is
+    q = _problem("assert f(1) == helper(1)\nassert abs(f(-1)) == 1\n")
+    assert hidden_test_job(q, "def f(x):\n    return x\ndef helper(x):\n    return x\ndef abs(x):\n    return 1\n").names == ("f", "helper")
+    with pytest.raises(ValueError, match="no hidden tests"):
+        hidden_test_job(Problem("x", "x/1", "q", family="code"))
+
+
+def test_public_test_job_runs_each_test(mbpp):
+    job = public_test_job(mbpp[5])
+    assert job.setup == "import math\n" and job.tests == tuple(mbpp[5].public_tests)
+    assert not job.stop_at_first_failure
+
+
+# ---------------------------------------------------------------- verdicts in the sandbox
+
+
+async def test_canonical_and_wrong_answers(he, mbpp, sandbox):
+    p = he["HumanEval/2"]
+    assert (await score_code(p, p.answer, sandbox)).detail == "passed"
+    d = await score_code(p, "```python\ndef truncate_number(number):\n    return 0.0\n```", sandbox)
+    assert d.score == 0.0 and d.detail.startswith("failed: AssertionError") and "<test setup>" in d.detail
+    d = await score_code(p, "def truncate_number(number):\n    return number +", sandbox)
+    assert (d.score, d.detail) == (0.0, "no code found in the answer")  # the cut-off def is all there was
+    assert (await score_code(p, "no code at all", sandbox)).detail == "no code found in the answer"
+    d = await score_code(p, "def other(x):\n    return x\n", sandbox)
+    assert (d.score, d.detail) == (0.0, "the answer does not define truncate_number")
+    assert (await score_code(mbpp[3], mbpp[3].answer, sandbox)).score == 1.0
+    assert (await score_code(mbpp[0], "def count_vowels(s):\n    return 2\n", sandbox)).score == 0.0
+
+
+async def test_dispatcher_needs_a_sandbox_and_uses_it(mbpp, sandbox):
+    p = mbpp[3]
+    d = await score(p, f"Here you go:\n```python\n{p.answer}\n```", sandbox=sandbox)
+    assert (d.score, d.detail) == (1.0, "passed")
+    with pytest.raises(ValueError, match="needs a sandbox"):
+        await score(p, p.answer)
+
+
+@pytest.mark.parametrize("body, reason", [
+    ("return (1, 2)", "AssertionError"),  # a tuple never equals the list the test expects
+    ("return [1.0, 2.0000000001]", "AssertionError"),  # floats compared exactly
+    ("return _Int(0)", "unserialisable result: f returned a __solution__._Int is not plain data"),
+    ("return [_Anything()]", "unserialisable result: f returned a __solution__._Anything is not plain data"),
+    ("return (v for v in [1, 2])", "unserialisable result: f returned a generator is not plain data"),
+    ("return 'x' * 200_000", "output limit exceeded"),
+    ("print('y' * 200_000)\n    return [1, 2]", "output limit exceeded"),
+    ("while True:\n        pass", "timeout: call 1 of f took longer than 3.0s"),
+    ("__import__('os')._exit(0)", "the solution's process ended during call 1 of f (exit code 0)"),
+    ("raise SystemExit(0)", "SolutionError: SystemExit: 0"),
+    ("raise StopIteration", "SolutionError: StopIteration"),
+])
+async def test_what_fails_and_why(sandbox, body, reason):
+    sol = ("class _Int(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+           "class _Anything:\n    def __eq__(self, o):\n        return True\n"
+           f"def f(x):\n    {body}\n")
+    d = await score_code(_problem("assert f(0) == [1, 2]\n"), sol, sandbox)
+    assert d.score == 0.0 and d.detail.startswith("failed: ") and reason in d.detail, d.detail
+
+
+async def test_exceptions_cross_with_their_type_and_arguments_changed_in_place(sandbox):
+    sol = ("def f(x, out=None):\n    if x < 0:\n        raise ValueError('negative')\n"
+           "    if out is not None:\n        out.append(x)\n        out.sort()\n    return x\n")
+    tests = ("try:\n    f(-1)\nexcept ValueError as e:\n    assert str(e) == 'negative'\nelse:\n    raise AssertionError\n"
+             "acc = [5]\nassert f(3, acc) == 3 and acc == [3, 5]\nassert f(2, out=acc) == 2 and acc == [2, 3, 5]\n")
+    assert (await score_code(_problem(tests), sol, sandbox)).detail == "passed"
+
+
+async def test_module_runs_like_the_official_harness(sandbox):
+    tests = "assert f(2) == 4\n"
+    # a stray example call runs; a __main__ block does not; reading stdin raises (as in swallow_io)
+    ok = "def f(x):\n    return x * x\nprint(f(3))\nif __name__ == '__main__':\n    raise SystemExit(1)\n"
+    assert (await score_code(_problem(tests), ok, sandbox)).detail == "passed"
+    d = await score_code(_problem(tests), "def f(x):\n    return x * x\nn = int(input())\n", sandbox)
+    assert d.detail == "failed: the solution failed while loading: OSError: stdin is not available to the solution"
+    d = await score_code(_problem(tests), "def f(x):\n    return x * x\nf()\n", sandbox)
+    assert d.detail.startswith("failed: the solution failed while loading: TypeError")
+    d = await score_code(_problem(tests), "import os\nos._exit(0)\ndef f(x):\n    return x * x\n", sandbox)
+    assert d.detail.startswith("failed: the solution's process ended while loading (exit code 0")
+    d = await score_code(_problem(tests), "def f(x):\n    return x * x\nwhile True:\n    pass\n", sandbox)
+    assert d.detail == "failed: timeout: loading the solution took longer than 3.0s"
+
+
+async def test_arguments_that_are_not_plain_data_fail_the_test(sandbox):
+    d = await score_code(_problem("assert f(len) == 1\n"), "def f(g):\n    return 1\n", sandbox)
+    assert d.score == 0.0 and "argument 1 of f: a builtin_function_or_method is not plain data" in d.detail
+
+
+async def test_public_tests_report_each_test(he, sandbox):
+    p = he["HumanEval/0"]
+    wrong = "def has_close_elements(numbers, threshold):\n    return True\n"
+    v = await run_public_tests(p, wrong, sandbox, tests=p.public_tests + ["assert 1/0"])
+    assert not v.passed and [r["passed"] for r in v.records] == [False, True, False]  # one failure does not stop the rest
+    assert v.records[0]["error"].startswith("AssertionError") and v.records[2]["error"].startswith("ZeroDivisionError")
+    ok = await run_public_tests(p, solution_code(p, p.answer), sandbox)
+    assert ok.passed and ok.calls == 2 and len(ok.records) == 2
+    exits = await run_public_tests(p, "import os\ndef has_close_elements(n, t):\n    os._exit(0)\n", sandbox)
+    assert not exits.passed and "ended during call 1" in exits.detail  # exiting 0 is not passing
+    none = await run_public_tests(p, "", sandbox)
+    assert not none.passed and none.records[0]["error"] == "no code found in the answer"
+
+
+async def test_a_sandbox_that_does_not_start_raises_not_scores(he):
+    broken = CodeSandbox(Isolation("bwrap", bwrap="/bin/false"), LIMITS)
+    with pytest.raises(SandboxStartError, match="did not start"):
+        await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, broken)
+
+
+async def test_judge_counts_calls_and_reports_test_records(sandbox):
+    job = TestJob("", ("assert f(1) == 2", "assert f(2) == 3"), ("f",), stop_at_first_failure=True)
+    v = await judge("def f(x):\n    return x + 1\n", job, sandbox)
+    assert (v.passed, v.detail, v.calls, len(v.records)) == (True, "passed", 2, 2)
+    v = await judge("def f(x):\n    return 2\n", job, sandbox)
+    assert (v.passed, v.calls, [r["passed"] for r in v.records]) == (False, 2, [True, False])
+    assert v.detail == "failed: AssertionError (line 1 of <test 1>)"

@@ -3,24 +3,26 @@
     from spogw_dagster.benchmarks import load_benchmark, make_benchmark_splits, score
     problems = load_benchmark("humaneval")            # list[Problem]
     splits = make_benchmark_splits("gsm8k", seed=0, n_train=100, n_val=50, n_test=200)
-    detail = await score(problem, answer_text, run_code=sandbox.run)   # ScoreDetail(score, detail)
+    detail = await score(problem, answer_text, sandbox=CodeSandbox(iso))  # ScoreDetail(score, detail)
 
 See `registry` for the datasets, `splits` for how splits are drawn, `scoring` and `code_tests` for
 how answers are scored.
 """
 
 from .code_tests import (
-    PUBLIC_RESULT_PREFIX,
+    CodeSandbox,
     RunCode,
     ScoreDetail,
     ScoringInfrastructureError,
-    build_public_test_program,
     build_test_program,
     extract_code,
-    parse_public_test_results,
+    hidden_test_job,
+    public_test_job,
+    run_public_tests,
     score_code,
     solution_code,
 )
+from .verdict import TestJob, Verdict, judge
 from .dataio import BenchmarkDataError, BenchmarkFileNotFoundError
 from .fixtures import (
     write_drop_fixture,
@@ -60,13 +62,14 @@ __all__ = [
     "BenchmarkFileNotFoundError",
     "DATASETS",
     "DatasetSpec",
-    "PUBLIC_RESULT_PREFIX",
+    "CodeSandbox",
     "RunCode",
     "ScoreDetail",
     "ScoringInfrastructureError",
     "SplitError",
     "Splits",
-    "build_public_test_program",
+    "TestJob",
+    "Verdict",
     "build_test_program",
     "dataset_names",
     "extract_code",
@@ -76,6 +79,8 @@ __all__ = [
     "extract_qa_answer",
     "f1_score",
     "get_spec",
+    "hidden_test_job",
+    "judge",
     "last_boxed",
     "last_number",
     "load_benchmark",
@@ -85,7 +90,8 @@ __all__ = [
     "make_splits",
     "math_equal",
     "normalize_answer",
-    "parse_public_test_results",
+    "public_test_job",
+    "run_public_tests",
     "save_splits",
     "score",
     "score_answer",

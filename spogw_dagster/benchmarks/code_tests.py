@@ -1,40 +1,38 @@
-"""Code benchmarks: getting code out of a model's text, building the test programs, scoring by running them.
+"""Code benchmarks: getting code out of a model's text, and scoring it by running the tests.
 
-The programs built here are plain Python scripts; running them is the job of an injected `run_code`
-(the sandbox, `spogw_dagster/isolation.py`), an async callable `(program: str) -> result` whose result
-has `.status` (a `Status` or its value), `.returncode`, `.stdout`, `.stderr`.
+Scoring runs the solution and its tests in two sandboxed processes (`verdict.judge`): the solution's
+process answers each call of the tests with plain data, the test process decides, and the parent reads
+the verdict from the test process only. See verdict.py for why and for what cannot cross.
 
-A hidden-test program prints a pass token (derived from the program's text) after the last check; a
-program that passes must exit 0 *and* print it. So a solution that calls `sys.exit(0)` / `os._exit(0)`
-while being imported, before any test ran, does not pass.
+Extraction keeps the module as the model wrote it (like the official human-eval harness, which execs
+prompt + completion + tests as one program): top-level statements (lookup tables filled by loops,
+`try: from math import gcd` / `except ImportError:`, a set filled by `.update(...)`, a lambda entry point,
+a stray example call) all run when the solution's module loads; `if __name__ == "__main__":` blocks do not
+run there (the module is not `__main__`, as in the harness), and reading stdin raises OSError (as in the
+harness's swallow_io). Where we differ from the harness, we are more lenient about the text: markdown
+fences are taken apart, unindented prose lines that break parsing are blanked, a bare word or constant on a
+line of its own is dropped, and a tail cut off mid-statement is dropped. And stricter about the tests: they
+run with the prompt's own helpers (HumanEval/32's `poly`, /38's `encode_cyclic`), so a solution cannot pass
+by redefining them.
 
-Before the hidden tests run, the entry point is rebound to a wrapper that lets only plain data out:
-None, bool, int, float, complex, str, bytes, and list/tuple/dict/set/frozenset of those (recursively),
-by exact type (C-implemented numeric/string subclasses such as numpy.float64 and numpy scalars are
-also accepted; they cannot be defined by the solution). Anything else (e.g. an object whose `__eq__`
-always returns True, which would pass every `assert candidate(x) == y`) raises a TypeError, so the tests
-fail. While the entry point runs, its global name is the unwrapped function again (recursion stays
-direct and is checked once, at the top), then the wrapper is put back.
+The old single-process path (`score_code_single_process`, the program from `build_test_program`) is
+kept for the scoring-overhead benchmark only: it is forgeable (frame introspection, `sys.settrace`,
+`os._exit`) and must not produce rewards.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ..types import Problem, Status
-
-PUBLIC_RESULT_PREFIX = "@@spogw-public-test "
+from .verdict import CodeSandbox, ScoringInfrastructureError, TestJob, Verdict, judge
 
 RunCode = Callable[[str], Awaitable[Any]]
-
-
-class ScoringInfrastructureError(RuntimeError):
-    """The scoring machinery itself failed (not the solution): never turned into a score."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +61,36 @@ def _fenced_blocks(text: str) -> list[str]:
     return [body for lang, body in _FENCE_RE.findall(text) if lang.lower() in _PY_LANGS]
 
 
+def _bound_at_top(body: list[ast.stmt]) -> set[str]:
+    """Names a module binds when it runs: def, class, assignments, imports, for/with targets, looking into
+    if/try/for/while/with blocks (not into functions or classes)."""
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+            continue
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)) and (not isinstance(node, ast.AnnAssign) or node.value):
+            targets = [node.target]
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            targets = [node.target]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
+        names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        for field_name in ("body", "orelse", "finalbody"):
+            names |= _bound_at_top(getattr(node, field_name, None) or [])
+        for handler in getattr(node, "handlers", None) or []:
+            names |= _bound_at_top(handler.body)
+    return names
+
+
 def _defines(tree: ast.Module, name: str) -> bool:
-    return any(
-        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name for n in tree.body
-    )
+    return name in _bound_at_top(tree.body)
 
 
 def _parse_prefix(src: str) -> tuple[str, ast.Module] | None:
@@ -98,41 +122,20 @@ def _parse_lenient(src: str) -> tuple[str, ast.Module] | None:
     return _parse_prefix("\n".join(lines))
 
 
-def _referenced_names(nodes: list[ast.stmt]) -> set[str]:
-    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+def _is_prose_word(node: ast.stmt) -> bool:
+    """A bare name or constant on a line of its own ("Explanation", "Done"): prose that happens to parse.
+    A docstring-like string constant goes too; calls (a stray example call) stay, as in the harness."""
+    return isinstance(node, ast.Expr) and isinstance(node.value, (ast.Name, ast.Constant, ast.Attribute))
 
 
-def _keep_definitions(src: str, tree: ast.Module) -> str:
-    """Top-level imports, functions and classes, plus module-level assignments they use; test calls,
-    prints and `if __name__ == "__main__":` blocks are dropped."""
+def _drop_prose_words(src: str, tree: ast.Module) -> str:
     lines = src.splitlines()
-    kinds = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    kept = {id(n) for n in tree.body if isinstance(n, kinds)}
-    assigns = [n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
-    changed = True
-    while changed:  # an assignment is kept if a kept definition or kept assignment uses its names
-        changed = False
-        used = _referenced_names([n for n in tree.body if id(n) in kept and not isinstance(n, (ast.Import, ast.ImportFrom))])
-        for node in assigns:
-            if id(node) in kept:
-                continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-            if names & used:
-                kept.add(id(node))
-                changed = True
-    keep = [n for n in tree.body if id(n) in kept]
-    chunks = []
-    for node in keep:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        seg = lines[first - 1 : node.end_lineno]
-        # cut the last line where the statement ends: `import os; os._exit(0)` keeps only the import
-        # (ast column offsets count UTF-8 bytes)
-        raw = seg[-1].encode()
-        if raw[node.end_col_offset :].lstrip().startswith(b";"):
-            seg[-1] = raw[: node.end_col_offset].decode(errors="ignore")
-        chunks.append("\n".join(seg))
-    return "\n\n".join(chunks).strip()
+    for node in tree.body:
+        if _is_prose_word(node) and node.lineno == node.end_lineno:
+            line = lines[node.lineno - 1]
+            if line[: node.col_offset].strip() == "" and line.encode()[node.end_col_offset :].strip() == b"":
+                lines[node.lineno - 1] = ""
+    return "\n".join(lines)
 
 
 def extract_code(text: str, entry_point: str = "") -> str:
@@ -142,8 +145,9 @@ def extract_code(text: str, entry_point: str = "") -> str:
     take the last one that defines `entry_point`, else the longest. Without fences, take the whole
     text, or (if that does not yield the entry point) the text from the first line that begins a
     definition or import. Unindented prose lines that break parsing are blanked; trailing lines that
-    still do not parse (cut-off output) are dropped. Of the result keep only imports, functions,
-    classes and the module-level assignments they use, in their original order and text.
+    still do not parse (cut-off output) are dropped; a bare word or constant on a line of its own is
+    blanked. Every other top-level statement is kept, in its original order and text (see the module
+    docstring: the module runs as the model wrote it).
     """
     if not text or not text.strip():
         return ""
@@ -151,7 +155,8 @@ def extract_code(text: str, entry_point: str = "") -> str:
     blocks = _fenced_blocks(text)
     candidates: list[str]
     if blocks:
-        with_entry = [b for b in blocks if entry_point and re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", b)]
+        with_entry = [b for b in blocks if entry_point and (
+            re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", b) or _code_defines(b, entry_point))]
         candidates = [with_entry[-1]] if with_entry else [max(blocks, key=len)]
     else:
         m = _CODE_START.search(text)
@@ -161,8 +166,8 @@ def extract_code(text: str, entry_point: str = "") -> str:
         parsed = _parse_lenient(cand.strip("\n"))
         if parsed is None:
             continue
-        code = _keep_definitions(*parsed)
-        if code:
+        code = _drop_prose_words(*parsed).strip()
+        if code and any(not _is_prose_word(n) for n in parsed[1].body):
             results.append(code + "\n")
     for code in results:
         if not entry_point or _code_defines(code, entry_point):
@@ -212,7 +217,7 @@ def _code_defines(code: str, name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# programs
+# test jobs: what the test process runs
 
 
 def _preamble(problem: Problem) -> str:
@@ -226,12 +231,130 @@ def _test_style(problem: Problem) -> str:
     return "check" if re.search(r"^def check\(", problem.hidden_tests, re.M) else "asserts"
 
 
+def _names_in(code: str) -> tuple[set[str], set[str]]:
+    """(names the code reads, names it binds anywhere: assignments, defs, imports, parameters)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return set(), set()
+    read, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in n.names)
+    return read, bound
+
+
+def _solution_names(problem: Problem, solution: str, test_code: str) -> tuple[str, ...]:
+    """The names the tests call for the solution: the entry point, plus any other name the tests read
+    that the solution defines and neither the tests, the prompt's preamble nor Python's builtins do (an
+    MBPP test may call a second function of the solution). Never a builtin: a solution that defines
+    `abs` must not decide what `abs(candidate(x) - y) < 1e-6` says."""
+    try:
+        solution_binds = _bound_at_top(ast.parse(solution).body)
+    except (SyntaxError, ValueError):
+        solution_binds = set()
+    read, bound = _names_in(test_code)
+    _, preamble_binds = _names_in(_preamble(problem))
+    extra = (read & solution_binds) - bound - preamble_binds - set(dir(builtins)) - {problem.entry_point}
+    return tuple([problem.entry_point] if problem.entry_point else []) + tuple(sorted(extra))
+
+
+def hidden_test_job(problem: Problem, solution: str = "") -> TestJob:
+    """The hidden tests as a test-process job. HumanEval: setup = the prompt's preamble and the `test`
+    program, one test `check(<entry_point>)`. MBPP: the setup code and the asserts as one test."""
+    if not problem.hidden_tests.strip():
+        raise ValueError(f"problem {problem.id} has no hidden tests")
+    if problem.entry_point and not problem.entry_point.isidentifier():
+        raise ValueError(f"problem {problem.id}: entry_point {problem.entry_point!r} is not a Python name")
+    pre = _preamble(problem)
+    if _test_style(problem) == "check":
+        if not problem.entry_point:
+            raise ValueError(f"problem {problem.id} uses check(candidate) tests but has no entry_point")
+        setup = pre + "\n\n" + problem.hidden_tests.strip() + "\n"
+        tests = (f"check({problem.entry_point})",)
+    else:
+        setup, tests = pre + "\n", (problem.hidden_tests.strip() + "\n",)
+    return TestJob(setup, tests, _solution_names(problem, solution, setup + "\n".join(tests)))
+
+
+def public_test_job(problem: Problem, tests: list[str] | None = None, solution: str = "") -> TestJob:
+    """Public tests (default: problem.public_tests) as a job that runs and reports each one; the MBPP
+    setup code (imports the asserts use) runs first."""
+    tests = list(problem.public_tests if tests is None else tests)
+    setup = "\n\n".join(x for x in (_preamble(problem), str(problem.meta.get("test_setup_code") or "").strip()) if x)
+    return TestJob(setup + "\n", tuple(tests), _solution_names(problem, solution, setup + "\n" + "\n".join(tests)),
+                   stop_at_first_failure=False)
+
+
+def _module(problem: Problem, code: str) -> str:
+    """What the solution's process runs: the prompt's preamble (imports and helpers a solution that only
+    redefines the entry point relies on), then the solution."""
+    pre = _preamble(problem)
+    return (pre + "\n\n" if pre else "") + code.strip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# scoring
+
+
+def _unrunnable(problem: Problem, code: str) -> ScoreDetail | None:
+    """A 0 score for an answer with nothing to run (no code, a syntax error, no entry point), else None."""
+    if not code.strip():
+        return ScoreDetail(0.0, "no code found in the answer")
+    try:
+        compile(code, "<solution>", "exec")
+    except (SyntaxError, ValueError) as e:
+        return ScoreDetail(0.0, f"syntax error: {getattr(e, 'msg', e)}", code[:2000])
+    ep = problem.entry_point
+    if ep and not _code_defines(code, ep) and not _code_defines(_preamble(problem), ep):
+        return ScoreDetail(0.0, f"the answer does not define {ep}", code[:2000])
+    return None
+
+
+async def score_code(problem: Problem, solution_text: str, sandbox: CodeSandbox) -> ScoreDetail:
+    """pass@1 of one answer: 1.0 if the hidden tests pass, else 0.0 with the reason.
+
+    No code, a syntax error or a missing entry point give 0.0 without running anything. Otherwise the
+    verdict comes from `verdict.judge` (two sandboxed processes). Failures of the machinery itself
+    (SandboxStartError, ScoringInfrastructureError) propagate: they are never turned into a score.
+    """
+    code = solution_code(problem, solution_text or "")
+    early = _unrunnable(problem, code)
+    if early is not None:
+        return early
+    verdict = await judge(_module(problem, code), hidden_test_job(problem, code), sandbox)
+    return ScoreDetail(1.0 if verdict.passed else 0.0, verdict.detail, code[:2000])
+
+
+async def run_public_tests(problem: Problem, code: str, sandbox: CodeSandbox,
+                           tests: list[str] | None = None) -> Verdict:
+    """Run public tests (what the `test` operator may see) against solution `code`; one record per test.
+    An answer with nothing to run fails every test without running anything."""
+    tests = list(problem.public_tests if tests is None else tests)
+    early = _unrunnable(problem, code)
+    if early is not None:
+        records = tuple({"index": i, "test": t, "passed": False, "error": early.detail} for i, t in enumerate(tests))
+        return Verdict(False, f"failed: {early.detail}", records)
+    return await judge(_module(problem, code), public_test_job(problem, tests, code), sandbox)
+
+
+# ---------------------------------------------------------------------------------------------------
+# LEGACY single-process path: forgeable, kept only so that bench/scoring_overhead.py can compare costs.
+# Never use it for a reward.
+
+
 def pass_token(program_without_token: str) -> str:
     return "SPOGW-HIDDEN-TESTS-PASSED-" + hashlib.sha256(program_without_token.encode()).hexdigest()[:16]
 
 
 def build_test_program(problem: Problem, solution_code: str) -> str:
-    """Solution + hidden tests (+ `check(<entry_point>)` for HumanEval-style tests) + the pass token.
+    """LEGACY (one process, forgeable). Solution + hidden tests (+ `check(<entry_point>)` for HumanEval-style tests) + the pass token.
 
     Layout: the prompt's preamble (imports and helpers, HumanEval), the solution, the result guard
     (rebinds the entry point to a wrapper accepting only plain-data results, see the module docstring),
@@ -348,62 +471,6 @@ def _test_program_and_token(problem: Problem, solution_code: str) -> tuple[str, 
     return body + f"\n__import__('sys').stdout.write({token!r} + '\\n')\n", token
 
 
-def build_public_test_program(problem: Problem, solution_code: str, tests: list[str] | None = None) -> str:
-    """Solution + each public test run on its own, reporting one JSON line per test.
-
-    Each line is PUBLIC_RESULT_PREFIX + {"index", "test", "passed", "error"}; read them back with
-    `parse_public_test_results`. The program exits 1 if any test failed, 0 if all passed. `tests`
-    defaults to problem.public_tests. MBPP setup code (e.g. imports the asserts use) runs first.
-    """
-    tests = list(problem.public_tests if tests is None else tests)
-    parts = []
-    pre = _preamble(problem)
-    if pre:
-        parts.append(pre)
-    parts.append(solution_code.strip())
-    setup = str(problem.meta.get("test_setup_code") or "").strip()
-    if setup:
-        parts.append(setup)
-    runner = f"""
-def __spogw_run_public_tests(__tests):
-    import json as _json, sys as _sys
-    _failed = 0
-    for _i, _t in enumerate(__tests):
-        try:
-            exec(compile(_t, "<public test %d>" % _i, "exec"), globals())
-            _rec = {{"index": _i, "test": _t, "passed": True, "error": ""}}
-        except BaseException as _e:  # a failing test must not stop the others (SystemExit included)
-            _failed += 1
-            _rec = {{"index": _i, "test": _t, "passed": False, "error": (type(_e).__name__ + ": " + str(_e))[:300]}}
-        _sys.stdout.write({PUBLIC_RESULT_PREFIX!r} + _json.dumps(_rec) + "\\n")
-        _sys.stdout.flush()
-    _sys.exit(1 if _failed else 0)
-
-
-__spogw_run_public_tests({json.dumps(tests)})
-"""
-    parts.append(runner.strip())
-    return "\n\n".join(parts) + "\n"
-
-
-def parse_public_test_results(stdout: str) -> list[dict[str, Any]]:
-    """The per-test records printed by a public-test program (in order; tests never reached are absent)."""
-    out = []
-    for line in (stdout or "").splitlines():
-        if line.startswith(PUBLIC_RESULT_PREFIX):
-            try:
-                rec = json.loads(line[len(PUBLIC_RESULT_PREFIX) :])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "passed" in rec:
-                out.append(rec)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# scoring
-
-
 def _status_of(result: Any) -> Status:
     raw = getattr(result, "status", None)
     try:
@@ -417,24 +484,17 @@ def _last_line(s: str, limit: int = 200) -> str:
     return lines[-1][:limit] if lines else ""
 
 
-async def score_code(problem: Problem, solution_text: str, run_code: RunCode) -> ScoreDetail:
-    """pass@1 of one answer: 1.0 if the hidden tests pass, else 0.0.
+async def score_code_single_process(problem: Problem, solution_text: str, run_code: RunCode) -> ScoreDetail:
+    """LEGACY, UNSAFE (forgeable; the scoring-overhead benchmark only): score_code in one process.
 
-    No code, a syntax error or a missing entry point give 0.0 without running anything. Otherwise the
-    test program runs through `run_code`; it passes when the status is OK, the return code 0 and the
+    The test program (`build_test_program`) runs through `run_code`; it passes when the status is OK, the return code 0 and the
     pass token was printed. If `run_code` raises, or reports EXECUTOR_ERROR (an infrastructure failure,
     not the solution's), the error propagates: it is never turned into a score.
     """
     code = solution_code(problem, solution_text or "")
-    if not code.strip():
-        return ScoreDetail(0.0, "no code found in the answer")
-    try:
-        compile(code, "<solution>", "exec")
-    except (SyntaxError, ValueError) as e:
-        return ScoreDetail(0.0, f"syntax error: {getattr(e, 'msg', e)}", code[:2000])
-    ep = problem.entry_point
-    if ep and not _code_defines(code, ep) and not _code_defines(_preamble(problem), ep):
-        return ScoreDetail(0.0, f"the answer does not define {ep}", code[:2000])
+    early = _unrunnable(problem, code)
+    if early is not None:
+        return early
     program, token = _test_program_and_token(problem, code)
     result = await run_code(program)
     status = _status_of(result)

@@ -12,7 +12,8 @@
   reduced to its final answer: the last `\\boxed{}`, else the text after the last "final answer:" /
   "answer:" / "the answer is" (up to the end of that line, markdown and a final period stripped), else
   the whole text.
-- Code (`code_tests.score_code`): pass@1 by running the hidden tests through an injected `run_code`.
+- Code (`code_tests.score_code`): pass@1 by running the hidden tests against the solution in two sandboxed
+  processes (`verdict.judge`, in the `CodeSandbox` the caller passes).
 
 math-verify bounds its work with SIGALRM, which only exists in the main thread: `math_equal` passes its
 timeouts only there and runs without them elsewhere (answers longer than MAX_MATH_CHARS are then only
@@ -51,7 +52,7 @@ from collections import Counter
 from typing import Any
 
 from ..types import Problem
-from .code_tests import RunCode, ScoreDetail, score_code
+from .code_tests import CodeSandbox, ScoreDetail, score_code
 from .registry import BENCHMARK_SCORERS
 from .textutil import find_numbers, last_boxed, last_number, to_float
 
@@ -453,13 +454,14 @@ def score_answer(problem: Problem, answer: Any) -> ScoreDetail:
     raise ValueError(f"problem {problem.id}: {kind} problems are scored with the async `score` (they run tests)")
 
 
-async def score(problem: Problem, answer_text: Any, run_code: RunCode | None = None) -> ScoreDetail:
-    """Score one answer to `problem`. Code problems need `run_code` (the sandbox); an answer that is not
-    a string (e.g. a workflow returning an int) is scored as its str(), None as "".
-    Failures of the scoring machinery (run_code raising) propagate as exceptions."""
+async def score(problem: Problem, answer_text: Any, *, sandbox: CodeSandbox | None = None) -> ScoreDetail:
+    """Score one answer to `problem`. Code problems need `sandbox` (where their tests run); an answer that
+    is not a string (e.g. a workflow returning an int) is scored as its str(), None as "".
+    Failures of the scoring machinery (the sandbox not starting) propagate as exceptions."""
     kind = scorer_for(problem)
     if kind == "code":
-        if run_code is None:
-            raise ValueError(f"problem {problem.id} is a code problem: scoring it needs run_code")
-        return await score_code(problem, _as_text(answer_text), run_code)
+        if sandbox is None:
+            raise ValueError(f"problem {problem.id} is a code problem: scoring it needs a sandbox "
+                             f"(score(..., sandbox=CodeSandbox(detect_isolation())))")
+        return await score_code(problem, _as_text(answer_text), sandbox)
     return score_answer(problem, answer_text)

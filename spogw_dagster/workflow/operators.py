@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..benchmarks import (
-    build_public_test_program,
+    CodeSandbox,
     extract_code,
     extract_math_answer,
     extract_qa_answer,
     normalize_answer,
-    parse_public_test_results,
+    run_public_tests,
     solution_code,
 )
 from ..isolation import Isolation, Limits, run_code
@@ -156,7 +156,7 @@ class Operators:
                 f"Write a Python program that computes and prints the final answer to this problem.\n\n"
                 f"Problem: {self.problem.question}\n\nAnalysis: {analysis or 'None'}\n{feedback}\n"
                 f"Reply with the program in one ```python code block; it must print the answer.")
-            code = extract_code(text) or text
+            code = extract_code(text) or text  # the whole program: its prints and __main__ block run
             res = await run_code(code, self.iso, self.cfg.code_limits)
             out = res.stdout.strip()[-2000:]
             if res.status.value == "ok" and res.returncode == 0 and out:
@@ -192,15 +192,16 @@ class Operators:
         tests = self.problem.public_tests
         if not tests:
             return solution
+        sandbox = CodeSandbox(self.iso, self.cfg.code_limits, call_timeout_s=self.cfg.code_limits.wall_s)
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
-            res = await run_code(build_public_test_program(self.problem, current), self.iso, self.cfg.code_limits)
-            if res.status.value == "ok" and res.returncode == 0:
+            verdict = await run_public_tests(self.problem, solution_code(self.problem, current), sandbox)
+            if verdict.passed:
                 return current
             if round_ == self.cfg.test_fix_rounds:
                 break
-            failed = [r for r in parse_public_test_results(res.stdout) if not r["passed"]]
-            failure = "; ".join(f"{r['test']} -> {r['error']}" for r in failed[:3]) or res.error or "a test failed"
+            failed = [r for r in verdict.records if not r["passed"]]
+            failure = "; ".join(f"{r['test']} -> {r['error']}" for r in failed[:3]) or verdict.detail
             failure = failure[-800:]
             text = await self._chat(
                 f"This Python solution fails a test.\n\n```python\n{current}\n```\n\nTests:\n" + "\n".join(tests)
