@@ -14,6 +14,7 @@ Two walls are tested separately:
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -39,9 +40,12 @@ ESCAPE = ("[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '
           ".__init__.__globals__['__builtins__']['__import__']")
 
 
-@pytest.fixture(scope="module")
-def iso():
-    return detect_isolation()
+@pytest.fixture(scope="module", params=["bwrap", "docker"])
+def iso(request):
+    """Every suite runs under each OS sandbox; docker on the engine of the docker_engine fixture (conftest)."""
+    if request.param == "docker":
+        request.getfixturevalue("docker_engine")
+    return detect_isolation(request.param)
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +93,7 @@ def no_side_effects():
 
 
 SPAWNED_UIDS: set[int] = set()
+SPAWNED_CONTAINERS: set[str] = set()
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +108,8 @@ def record_sandbox_uids(monkeypatch):
         sp = await real(*a, **kw)
         if sp.uid is not None:
             SPAWNED_UIDS.add(sp.uid)
+        if sp.container is not None:
+            SPAWNED_CONTAINERS.add(sp.container)
         return sp
 
     monkeypatch.setattr(isolation, "spawn", spawn)
@@ -123,10 +130,20 @@ def sandbox_processes() -> list[str]:
     return found
 
 
-def no_sandbox_processes_left(timeout: float = 5.0) -> bool:
-    """The PID namespace is torn down asynchronously after its init dies; give it a moment."""
+def sandbox_containers() -> list[str]:
+    """Containers (docker sandbox) that this test module started and that still exist, running or not."""
+    if not SPAWNED_CONTAINERS:
+        return []
+    from spogw_dagster.docker_sandbox import leftover_containers
+
+    return [name for name in leftover_containers() if name in SPAWNED_CONTAINERS]
+
+
+def no_sandbox_processes_left(timeout: float = 10.0) -> bool:
+    """The PID namespace is torn down, and a --rm container removed, asynchronously after its init dies;
+    give it a moment."""
     deadline = time.monotonic() + timeout
-    while sandbox_processes():
+    while sandbox_processes() or sandbox_containers():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -275,7 +292,7 @@ def test_isolation_none_requires_explicit_opt_in():
 def test_docker_isolation_refuses_clearly_without_an_engine():
     from spogw_dagster.isolation import SandboxUnavailableError
 
-    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+    if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
         pytest.skip("a Docker engine is reachable here")
     with pytest.raises(SandboxUnavailableError, match="docker"):
         detect_isolation("docker")
