@@ -42,6 +42,16 @@ from spogw_dagster.types import Problem
         ("version v2", "2", 0.0),  # but a number inside a word is not one
         ("I have 3 apples and 4 pears", "3", 0.0),  # the last number counts
         ("#### 10\nThen 20 more", "10", 1.0),  # '####' wins over later numbers
+        ("The answer is 5. Check: 5 + 3 = 8", "5", 1.0),  # a marked answer wins over later numbers
+        ("The answer is 5. Check: 5 + 3 = 8", "8", 0.0),
+        ("Answer: 12 apples, and 3 left over", "12", 1.0),
+        ("\\boxed{7}, so 7 + 2 = 9 in all", "7", 1.0),  # so does a box
+        ("the answer is 4, but \\boxed{6}", "6", 1.0),  # a box beats 'the answer is'
+        ("#### 3\nThe answer is 4", "3", 1.0),  # '####' beats both
+        ("She lost -$5 overall", "-5", 1.0),  # a sign before the currency symbol counts
+        ("The answer is -$5.", "-5", 1.0),
+        ("The answer is \u22124", "-4", 1.0),  # a Unicode minus
+        ("$10-$5 = $5", "5", 1.0),  # a subtraction is not a negative number
         ("42.0000001", "42", 1.0),  # within 1e-6
         ("42.01", "42", 0.0),
         ("no numbers here", "5", 0.0),
@@ -86,7 +96,12 @@ def test_last_boxed():
         (r"\boxed{\text{Evelyn}}", r"\text{Evelyn}", 1.0),
         (r"\boxed{3}", "4", 0.0),
         (r"\boxed{\frac{1}{3}}", "0.3", 0.0),
-        ("the answer is 7", "7", 1.0),  # no box: falls back to the last number
+        ("the answer is 7", "7", 1.0),  # no box: the answer after 'the answer is'
+        ("The answer is $\\frac{1}{2}$.", r"\frac{1}{2}", 1.0),  # read whole, not its last number (2)
+        ("The answer is $\\frac{1}{2}$. Check: 2 halves make 1", "0.5", 1.0),
+        ("The final answer is: \\(3\\sqrt{2}\\)", r"\sqrt{18}", 1.0),
+        ("The answer is 5 apples.", "5", 1.0),  # prose after it: its first number
+        ("so x is 9", "9", 1.0),  # no marker: the last number
         (r"first 7, but \boxed{8}", "7", 0.0),  # a box always wins over numbers
         ("no answer", "7", 0.0),
     ],
@@ -97,7 +112,13 @@ def test_score_math(text, gold, expected):
 
 def test_math_details():
     d = score_math("the answer is 7", "7")
-    assert d.score == 1.0 and "last number" in d.detail and d.extracted == "7"
+    assert d.score == 1.0 and "the answer after 'the answer is' used" in d.detail and d.extracted == "7"
+    d = score_math("x is 7", "7")
+    assert d.score == 1.0 and "last number used" in d.detail
+    assert extract_math_answer("The answer is $x^2+1$.") == ("x^2+1", "answer_is")
+    # the safety screen still applies to an unboxed answer
+    d = score_math("The answer is $(9^{9999})^{9999}$", "1")
+    assert d.score == 0.0 and d.detail.startswith("refused: power of a power")
     assert extract_math_answer(r"\boxed{a}") == ("a", "boxed")
     assert extract_math_answer("nothing") == (None, "none")
     assert not math_equal("", "1")

@@ -1,13 +1,16 @@
 """Scorers: pure functions from (gold, model answer) to a ScoreDetail, plus the async dispatcher `score`.
 
 - GSM8K (`score_gsm8k`): the final number of the answer vs the gold, |pred - gold| <= 1e-6. The final
-  number is the one after the last `####` if there is one, else the last number inside the last
-  `\\boxed{}` (a simple fraction there, `a/b` or `\\frac{a}{b}`, is evaluated), else the last number in
-  the text. Thousands separators are removed.
+  number is, in this order: the first number after the last `####`; the last number inside the last
+  `\\boxed{}` (a simple fraction there, `a/b` or `\\frac{a}{b}`, is evaluated); the first number after the
+  last "the answer is" / "answer:" (on the same line); the last number in the text. A marked answer wins
+  over numbers written after it ("The answer is 5. Check: 5 + 3 = 8" reads 5). Thousands separators are
+  removed; a sign before a currency symbol counts ("-$5" is -5), as does a Unicode minus.
 - MATH (`score_math`): the content of the last `\\boxed{}` (nested braces kept) vs the gold, equal if the
-  normalised strings match or math-verify finds them symbolically equal. With no `\\boxed{}` in the
-  answer we fall back to its last number (so "... the answer is 5." can still score), which is lenient
-  on purpose for small models; a boxed answer always takes precedence.
+  normalised strings match or math-verify finds them symbolically equal. With no `\\boxed{}`, the answer
+  after the last "the answer is" / "answer:" is read whole (the first `$...$` span after it, else the
+  rest of that line without a final period: "The answer is $\\frac{1}{2}$." reads `\\frac{1}{2}`); with
+  neither, the last number (lenient on purpose for small models). A boxed answer always takes precedence.
 - QA (`score_qa`): token F1 after SQuAD/DROP normalisation, max over the golds. The answer is first
   reduced to its final answer: the last `\\boxed{}`, else the text after the last "final answer:" /
   "answer:" / "the answer is" (up to the end of that line, markdown and a final period stripped), else
@@ -85,10 +88,31 @@ def _fraction_value(s: str) -> float | None:
     return None
 
 
+# "The answer is", "the final answer is:", "Answer:" (the last one in the text counts)
+_ANSWER_IS = re.compile(r"\banswer\s*(?:is\b\s*[:：]?|[:：])", re.I)
+
+
+def _after_answer_marker(text: str) -> str | None:
+    """The rest of the line after the last "the answer is" / "answer:" marker, or None without one."""
+    last = None
+    for last in _ANSWER_IS.finditer(text):
+        pass
+    if last is None:
+        return None
+    return text[last.end() :].split("\n", 1)[0]
+
+
+def _normalize_signs(text: str) -> str:
+    """'-$5' -> '-5' and a Unicode minus -> '-', so that negative amounts parse as negative numbers."""
+    text = text.replace("\u2212", "-")
+    return re.sub(r"(?<![\w.])-\s*\\?\$\s*(?=[\d.])", "-", text)
+
+
 def extract_gsm8k_answer(text: str) -> str | None:
     """The final number of a GSM8K answer as a string (commas removed), or None if it has none."""
     if not text:
         return None
+    text = _normalize_signs(text)
     if "####" in text:
         nums = find_numbers(text.rsplit("####", 1)[1])
         if nums:
@@ -101,6 +125,11 @@ def extract_gsm8k_answer(text: str) -> str | None:
         num = last_number(boxed)
         if num is not None:
             return num
+    marked = _after_answer_marker(text)
+    if marked is not None:
+        nums = find_numbers(marked)
+        if nums:
+            return nums[0]
     return last_number(text)
 
 
@@ -130,11 +159,34 @@ def _strip_math(s: str) -> str:
     return s.rstrip(".")
 
 
+def _marked_math_answer(text: str) -> str | None:
+    """The answer after the last "the answer is" marker, read whole: its first `$...$` / `\\(...\\)` span,
+    else the rest of the sentence (its first number if that has words in it: "5 apples"); None if there is
+    nothing there."""
+    rest = _after_answer_marker(text)
+    if rest is None:
+        return None
+    m = re.search(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)", rest)
+    if m:
+        ans = next(g for g in m.groups() if g is not None)
+    else:
+        ans = re.split(r"\.(?:\s|$)", rest.strip().strip("*").strip(), maxsplit=1)[0]
+        if re.search(r"(?<![\\A-Za-z])[A-Za-z]{2,}", ans):  # prose ("5 apples"): its first number
+            nums = find_numbers(ans)
+            ans = nums[0] if nums else ""
+    ans = ans.strip()
+    return ans or None
+
+
 def extract_math_answer(text: str) -> tuple[str | None, str]:
-    """(answer, how): the last `\\boxed{}` content ("boxed"), else the last number ("last_number")."""
+    """(answer, how): the last `\\boxed{}` content ("boxed"), else the answer after the last "the answer
+    is" ("answer_is"), else the last number ("last_number")."""
     boxed = last_boxed(text or "")
     if boxed is not None:
         return boxed, "boxed"
+    marked = _marked_math_answer(text or "")
+    if marked is not None:
+        return marked, "answer_is"
     num = last_number(text or "")
     if num is not None:
         return num, "last_number"
@@ -319,7 +371,8 @@ def score_math(answer_text: str, gold: str) -> ScoreDetail:
     pred, how = extract_math_answer(answer_text)
     if pred is None:
         return ScoreDetail(0.0, "no \\boxed{} answer and no number")
-    tag = "" if how == "boxed" else " (no \\boxed{}; last number used)"
+    tag = {"boxed": "", "answer_is": " (no \\boxed{}; the answer after 'the answer is' used)"}.get(
+        how, " (no \\boxed{}; last number used)")
     if _strip_math(pred) != _strip_math(gold):
         why = unsafe_math_answer(pred)
         if why is not None:
