@@ -214,10 +214,13 @@ def _base_interpreter() -> str:
 def sandbox_python() -> SandboxPython:
     """Works for a venv (symlinked or copied interpreter, with or without system site-packages), the base
     interpreter and a self-contained (pyenv-, conda- or uv-style) prefix: the base binary, its prefix (stdlib,
-    lib-dynload, libpython) and nothing else; /usr is bound anyway."""
+    lib-dynload), libpython's directory when it lies elsewhere, and nothing else; /usr is bound anyway."""
     exe = _base_interpreter()
     mounts: list[str] = ["/usr"]
-    for d in (sys.base_prefix, sys.base_exec_prefix, getattr(sys, "_stdlib_dir", "") or ""):
+    import sysconfig
+
+    libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else ""
+    for d in (sys.base_prefix, sys.base_exec_prefix, getattr(sys, "_stdlib_dir", "") or "", libdir or ""):
         d = os.path.realpath(d) if d else ""
         if d and os.path.isdir(d) and not _covered(d, mounts):
             mounts.append(d)
