@@ -9,15 +9,26 @@ truncation. It is exactly the log-prob of the distribution we sampled from when 
 default), and it is what the trainer computes for π_θ, π_old and π_ref, so the ratio π_θ/π_old is 1
 at the start of training.
 
-Batch layout: every row is ``[left pads][prompt][completion][right pads]`` with all completions
-starting at the same column P (the longest prompt). Only the completion span goes through the LM head
-(``logits_to_keep``), which keeps the [B, T, V] logits tensor small. Position ids are computed from the
-attention mask, so the left pads do not shift positions.
+Two layouts give the same numbers (the same model function; fp32 rounding differs by ~1e-5):
+
+* per row (`CompletionBatch`): every row is ``[left pads][prompt][completion][right pads]`` with all
+  completions starting at the same column P (the longest prompt). Only the completion span goes through the
+  LM head (``logits_to_keep``), which keeps the [B, T, V] logits tensor small. Position ids are computed
+  from the attention mask, so the left pads do not shift positions.
+* shared prompt (`SharedPromptBatch`): the m rows sampled for one query share its prompt, so each distinct
+  prompt runs once (left-padded, ``[U, Lp]``); its KV cache is indexed out to the rows that continue it and
+  only the completion tokens run per row (``[B, C - 1]``: the last token predicts nothing). The prompt's
+  last logits predict each row's first completion token. Gradients flow through the prompt forward and the
+  index, so LoRA weights that change the prompt's keys and values get their full gradient. For ~600-token
+  prompts and ~60-token workflows this does ~m times less work on the prompt.
+
+`completion_logprobs` accepts either batch; `build_batch(..., shared_prompt=)` picks the layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import inspect
 from typing import Sequence
 
 import torch
@@ -73,19 +84,28 @@ def build_completion_batch(
     return CompletionBatch(ids, att, pos, ids[:, P:].clone(), cmask, P, C)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 logits are upcast for the log-softmax; fp64 stays fp64 (exact comparisons in tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log_softmax(logits)[..., index] without materialising the full log-softmax tensor."""
-    logits = logits.float()
+    """log_softmax(logits)[..., index] without materialising the full log-softmax tensor (at least fp32)."""
+    logits = _at_least_fp32(logits)
     picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
+def completion_logprobs(
+    model, batch: "CompletionBatch | SharedPromptBatch", temperature: float = 1.0
+) -> torch.Tensor:
     """Per-token log-probs [B, C] of the completion tokens under `model` (0 where the mask is 0).
 
     Differentiable; wrap in ``torch.no_grad()`` for reference / old log-probs.
     """
-    T = float(temperature) if temperature and temperature > 0 else 1.0
+    if isinstance(batch, SharedPromptBatch):
+        return shared_prompt_logprobs(model, batch, temperature)
+    T = _temperature(temperature)
     C = batch.completion_len
     out = model(
         input_ids=batch.input_ids,
@@ -96,9 +116,139 @@ def completion_logprobs(model, batch: CompletionBatch, temperature: float = 1.0)
     )
     logits = out.logits[:, :-1, :]  # predictions for columns P .. P+C-1
     if T != 1.0:
-        logits = logits.float() / T
+        logits = _at_least_fp32(logits) / T
     lp = selective_log_softmax(logits, batch.completion_ids)
     return lp * batch.completion_mask
+
+
+def _temperature(temperature: float | None) -> float:
+    return float(temperature) if temperature and temperature > 0 else 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# shared prompt
+
+
+@dataclass
+class SharedPromptBatch:
+    prompt_ids: torch.Tensor  # [U, Lp] distinct prompts, left-padded
+    prompt_mask: torch.Tensor  # [U, Lp]
+    prompt_positions: torch.Tensor  # [U, Lp]
+    row_prompt: torch.Tensor  # [B] long: the distinct prompt each row continues
+    completion_ids: torch.Tensor  # [B, C] right-padded (pad where mask is 0)
+    completion_mask: torch.Tensor  # [B, C] float, 1 on completion tokens
+    completion_len: int  # C
+
+    def to(self, device) -> "SharedPromptBatch":
+        return SharedPromptBatch(
+            self.prompt_ids.to(device),
+            self.prompt_mask.to(device),
+            self.prompt_positions.to(device),
+            self.row_prompt.to(device),
+            self.completion_ids.to(device),
+            self.completion_mask.to(device),
+            self.completion_len,
+        )
+
+    @property
+    def num_prompts(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens that go through the model: each distinct prompt once, plus every row's completion."""
+        return int(self.prompt_mask.sum() + self.completion_mask.sum())
+
+
+def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[tuple[int, ...]], list[int]]:
+    """The distinct prompts in first-seen order, and for each row the index of its prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(int(t) for t in p), len(index)) for p in prompts]
+    return list(index), rows
+
+
+def build_shared_prompt_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+) -> SharedPromptBatch:
+    """Rows may come in any order and mix prompts; rows with equal prompt token ids share one prompt run."""
+    ref = build_completion_batch(prompts, completions, pad_id)  # checks the inputs; gives the completion span
+    uniq, rows = distinct_prompts(prompts)
+    Lp = max(len(p) for p in uniq)
+    ids = torch.full((len(uniq), Lp), pad_id, dtype=torch.long)
+    att = torch.zeros((len(uniq), Lp), dtype=torch.long)
+    for j, p in enumerate(uniq):
+        ids[j, Lp - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+        att[j, Lp - len(p) :] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    row_prompt = torch.as_tensor(rows, dtype=torch.long)
+    return SharedPromptBatch(ids, att, pos, row_prompt, ref.completion_ids, ref.completion_mask, ref.completion_len)
+
+
+def build_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int, shared_prompt: bool = True
+) -> "CompletionBatch | SharedPromptBatch":
+    if shared_prompt:
+        return build_shared_prompt_batch(prompts, completions, pad_id)
+    return build_completion_batch(prompts, completions, pad_id)
+
+
+def _cache_argument(model) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name works until 5.40)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def _rows_cache(prompt_cache, row_prompt: torch.Tensor):
+    """A cache whose row i holds the keys and values of prompt row_prompt[i] (differentiable index)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(prompt_cache, "layers", None)
+    if layers is None or any(type(layer) is not DynamicLayer for layer in layers):
+        kinds = sorted({type(x).__name__ for x in layers or []}) or [type(prompt_cache).__name__]
+        raise ValueError(
+            f"shared-prompt log-probs need a plain DynamicCache (full attention); this model's cache has {kinds}; "
+            "fix: set TrainConfig.shared_prompt=False (per-row forward) for this model"
+        )
+    return DynamicCache(ddp_cache_data=[(x.keys[row_prompt], x.values[row_prompt]) for x in layers])
+
+
+def shared_prompt_logprobs(model, batch: SharedPromptBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs [B, C] like `completion_logprobs`, running each distinct prompt once."""
+    T = _temperature(temperature)
+    cache_arg = _cache_argument(model)
+    idx = batch.row_prompt
+    # the prompts, once: their keys/values (with the graph of the LoRA weights) and the last position's logits
+    out = model(
+        input_ids=batch.prompt_ids,
+        attention_mask=batch.prompt_mask,
+        position_ids=batch.prompt_positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    prompt_cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    logits = out.logits[idx]  # [B, 1, V]: predicts each row's first completion token
+    C = batch.completion_len
+    if C > 1:  # the completions, per row, on top of their prompt's cache (the last token predicts nothing)
+        tail = batch.completion_ids[:, : C - 1]
+        attention = torch.cat([batch.prompt_mask[idx], batch.completion_mask[:, : C - 1].to(torch.long)], dim=1)
+        start = batch.prompt_mask.sum(-1)[idx].unsqueeze(-1)  # each prompt's length = first completion position
+        positions = start + torch.arange(C - 1, device=tail.device).unsqueeze(0)
+        out = model(
+            input_ids=tail,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_arg: _rows_cache(prompt_cache, idx)},
+        )
+        logits = torch.cat([logits, out.logits], dim=1)  # [B, C, V]
+    if T != 1.0:
+        logits = _at_least_fp32(logits) / T
+    lp = selective_log_softmax(logits, batch.completion_ids)
+    return lp * batch.completion_mask
+
+
+# --------------------------------------------------------------------------------------------------
+# scoring
 
 
 @torch.no_grad()
@@ -109,13 +259,26 @@ def score_completions(
     pad_id: int,
     temperature: float = 1.0,
     batch_size: int = 8,
+    shared_prompt: bool = True,
 ) -> list[list[float]]:
-    """Teacher-forced log-probs of each completion's tokens, as Python lists (no grad, batched)."""
+    """Teacher-forced log-probs of each completion's tokens, as Python lists (no grad, batched), in input order.
+
+    With `shared_prompt`, rows are batched by prompt (each distinct prompt runs once per batch)."""
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions; give one prompt per completion")
     device = next(model.parameters()).device
-    out: list[list[float]] = []
-    for s in range(0, len(prompts), batch_size):
-        b = build_completion_batch(prompts[s : s + batch_size], completions[s : s + batch_size], pad_id).to(device)
-        lp = completion_logprobs(model, b, temperature).cpu()
-        for i, c in enumerate(completions[s : s + batch_size]):
-            out.append(lp[i, : len(c)].tolist())
-    return out
+    order = rows_by_prompt(prompts) if shared_prompt else list(range(len(prompts)))
+    out: list[list[float] | None] = [None] * len(prompts)
+    for s in range(0, len(order), batch_size):
+        rows = order[s : s + batch_size]
+        b = build_batch([prompts[i] for i in rows], [completions[i] for i in rows], pad_id, shared_prompt)
+        lp = completion_logprobs(model, b.to(device), temperature).cpu()
+        for j, i in enumerate(rows):
+            out[i] = lp[j, : len(completions[i])].tolist()
+    return out  # type: ignore[return-value]
+
+
+def rows_by_prompt(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """Row indices with rows of one prompt next to each other (prompts in first-seen order, rows in input order)."""
+    _, rows = distinct_prompts(prompts)
+    return sorted(range(len(prompts)), key=lambda i: rows[i])

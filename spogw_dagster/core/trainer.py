@@ -133,6 +133,7 @@ class TrainConfig:
     max_completion_tokens: int | None = None
     dtype: str = "float32"
     device: str = "auto"
+    shared_prompt: bool = True
 
     def __post_init__(self) -> None:
         c = "TrainConfig"
@@ -181,6 +182,8 @@ class TrainConfig:
         req_real("temperature", 0.0, math.inf, lo_open=True)
         if not isinstance(self.eval_after, bool):
             raise ConfigError(f"{c}.eval_after={self.eval_after!r}: must be True or False.")
+        if not isinstance(self.shared_prompt, bool):
+            raise ConfigError(f"{c}.shared_prompt={self.shared_prompt!r}: must be True or False.")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"{c}.seed={self.seed!r}: must be an integer.")
         if self.max_completion_tokens is not None:
@@ -358,23 +361,38 @@ def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_
 
 
 def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Item]]:
-    """Micro-batches for one epoch, in a seeded order. score_dpo keeps each group in one micro-batch
-    (its pairs are drawn inside a group); a group larger than batch_size is a micro-batch of its own."""
+    """Micro-batches for one epoch, in a seeded order, with the rows of one prompt next to each other.
+
+    The prompts are shuffled (seeded by cfg.seed and the epoch), then the rows of each prompt; the sequence is
+    cut into micro-batches of batch_size rows. A micro-batch thus holds one prompt's rows, or the tail of one
+    prompt and the head of the next, never more than batch_size rows (bounded memory), and the shared-prompt
+    forward runs each prompt once per micro-batch. The same batches feed both forward paths, so
+    ``shared_prompt`` changes only how a batch is computed. score_dpo shuffles whole groups (its pairs are
+    drawn inside a group) and keeps each group in one micro-batch; a group larger than batch_size is a
+    micro-batch of its own."""
     import torch
 
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
     if cfg.objective != "score_dpo":
-        order = torch.randperm(len(items), generator=g).tolist()
-        rows = [items[i] for i in order]
+        units = [[it] for it in items]
+    else:
+        groups: dict[Any, list[_Item]] = {}
+        for it in items:
+            groups.setdefault(it.group if it.group is not None else "__all__", []).append(it)
+        units = list(groups.values())
+    by_prompt: dict[tuple[int, ...], list[list[_Item]]] = {}
+    for u in units:
+        by_prompt.setdefault(tuple(u[0].prompt_ids), []).append(u)
+    prompts = list(by_prompt.values())
+    ordered: list[list[_Item]] = []
+    for i in torch.randperm(len(prompts), generator=g).tolist():
+        ordered += [prompts[i][j] for j in torch.randperm(len(prompts[i]), generator=g).tolist()]
+    if cfg.objective != "score_dpo":
+        rows = [u[0] for u in ordered]
         return [rows[s : s + cfg.batch_size] for s in range(0, len(rows), cfg.batch_size)]
-    groups: dict[Any, list[_Item]] = {}
-    for it in items:
-        groups.setdefault(it.group if it.group is not None else "__all__", []).append(it)
-    keys = list(groups)
     out: list[list[_Item]] = []
     cur: list[_Item] = []
-    for k in (keys[i] for i in torch.randperm(len(keys), generator=g).tolist()):
-        grp = groups[k]
+    for grp in ordered:
         if cur and len(cur) + len(grp) > cfg.batch_size:
             out.append(cur)
             cur = []
@@ -417,22 +435,59 @@ def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
 
 
 def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device, attr: str, disable_adapter: bool) -> None:
+    """No-grad per-token log-probs of every item into `item.<attr>`, batch_size rows at a time (rows of one
+    prompt together when shared_prompt, else rows of similar length together)."""
     import contextlib
 
     import torch
 
-    from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
+    from spogw_dagster.core.logprobs import build_batch, completion_logprobs, rows_by_prompt
 
     ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
     bs = max(cfg.batch_size, 1)
-    order = sorted(range(len(items)), key=lambda i: len(items[i].prompt_ids) + len(items[i].completion_ids))
+    if cfg.shared_prompt:
+        by_length = sorted(items, key=lambda x: len(x.prompt_ids))  # similar prompt lengths pad less
+        order = [by_length[i] for i in rows_by_prompt([x.prompt_ids for x in by_length])]
+    else:
+        order = sorted(items, key=lambda x: len(x.prompt_ids) + len(x.completion_ids))
     with torch.no_grad(), ctx:
         for s in range(0, len(order), bs):
-            chunk = [items[i] for i in order[s : s + bs]]
-            b = build_completion_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id)
-            lp = completion_logprobs(model, b.to(device), cfg.temperature).float().cpu()
+            chunk = order[s : s + bs]
+            b = build_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id, cfg.shared_prompt)
+            lp = completion_logprobs(model, b.to(device), cfg.temperature).cpu()
             for j, x in enumerate(chunk):
                 setattr(x, attr, lp[j, : len(x.completion_ids)].tolist())
+
+
+def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: int, device):
+    """Per-token log-probs [B, C] of the micro-batch's completions under `model`, and the batch.
+
+    `cfg.shared_prompt` picks the forward (each distinct prompt once, or every row's prompt again); both give
+    the same log-probs, loss and gradients up to float rounding (tests/test_trainer_shared_prompt.py)."""
+    from spogw_dagster.core.logprobs import build_batch, completion_logprobs
+
+    b = build_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id, cfg.shared_prompt)
+    b = b.to(device)
+    return completion_logprobs(model, b, cfg.temperature), b
+
+
+def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, device, ocfg=None):
+    """The objective on one micro-batch, given its policy log-probs and completion mask."""
+    import torch
+
+    from spogw_dagster.core.objectives import LossBatch, compute_loss
+
+    C = logp.shape[1]
+    lb = LossBatch(
+        logp=logp,
+        mask=mask,
+        old_logp=_pad_lists([x.old for x in mb], C).to(device) if cfg.needs_old else None,
+        ref_logp=_pad_lists([x.ref for x in mb], C).to(device) if cfg.needs_ref else None,
+        advantages=torch.tensor([x.advantage for x in mb], dtype=torch.float32, device=device),
+        scores=torch.tensor([x.score if x.score is not None else 0.0 for x in mb], dtype=torch.float32, device=device),
+        group_ids=_group_ids(mb),
+    )
+    return compute_loss(cfg.objective, lb, ocfg or cfg.objective_config())
 
 
 def _lora_config(cfg: TrainConfig):
@@ -475,8 +530,6 @@ def train_lora(
     """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`."""
     import torch
 
-    from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
-    from spogw_dagster.core.objectives import LossBatch, compute_loss
     from spogw_dagster.models import (
         check_adapter_folder,
         load_model_and_tokenizer,
@@ -587,21 +640,8 @@ def train_lora(
             acc: dict[str, float] = {}
             tokens = 0
             for mb in group:
-                cb = build_completion_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id)
-                cb = cb.to(device)
-                logp = completion_logprobs(model, cb, cfg.temperature).float()
-                C = cb.completion_len
-                lb = LossBatch(
-                    logp=logp,
-                    mask=cb.completion_mask,
-                    old_logp=_pad_lists([x.old for x in mb], C).to(device) if cfg.needs_old else None,
-                    ref_logp=_pad_lists([x.ref for x in mb], C).to(device) if cfg.needs_ref else None,
-                    advantages=torch.tensor([x.advantage for x in mb], dtype=torch.float32, device=device),
-                    scores=torch.tensor([x.score if x.score is not None else 0.0 for x in mb],
-                                        dtype=torch.float32, device=device),
-                    group_ids=_group_ids(mb),
-                )
-                res = compute_loss(cfg.objective, lb, ocfg)
+                logp, cb = _micro_batch_logprobs(model, mb, cfg, pad_id, device)
+                res = _micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
                 w = len(mb) / rows_in_step
                 (res.loss * w).backward()
                 for k, v in res.metrics().items():
@@ -705,10 +745,12 @@ def score_examples(
     batch_size: int = 8,
     model=None,
     tokenizer=None,
+    shared_prompt: bool = True,
 ) -> list[list[float]]:
     """Teacher-forced per-token log-probs of each example's completion under base (+ adapter).
 
-    Tokenizes exactly like the trainer. Pass a preloaded `model`/`tokenizer` to avoid reloading.
+    Tokenizes exactly like the trainer. Pass a preloaded `model`/`tokenizer` to avoid reloading. With
+    `shared_prompt`, examples with the same prompt are batched together and the prompt runs once per batch.
     """
     from spogw_dagster.core.logprobs import score_completions
     from spogw_dagster.models import load_model_and_tokenizer
@@ -724,4 +766,5 @@ def score_examples(
         tokenizer.pad_token_id,
         temperature=temperature,
         batch_size=batch_size,
+        shared_prompt=shared_prompt,
     )
