@@ -40,6 +40,7 @@ IMAGE = "spogw-sandbox:latest"
 BASE_REPO = "spogw-sandbox-base"
 SKELETON_LABEL = "org.spogw.skeleton"  # on the image: which host layout it was built for
 CONTAINER_LABEL = "org.spogw.sandbox"  # on every container we start, to find leftovers
+PARENT_LABEL = "org.spogw.parent"  # the pid of the process that started it, to sweep orphans
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 SANDBOX_DIR_INSIDE = "/sandbox"
 DEFAULT_UID = 65534  # nobody; spawn may pass a fresh one instead
@@ -251,7 +252,8 @@ def run_command(argv: list[str], limits, ro_files: list[tuple[str, str]], uid: i
     argv = [python if a == sys.executable else a for a in argv]
     user = uid if uid is not None else DEFAULT_UID
     cmd = [client(), "-H", host(), "run", "--rm", "-i", "--init", "--name", container,
-           "--label", f"{CONTAINER_LABEL}=1", "--log-driver", "none",
+           "--label", f"{CONTAINER_LABEL}=1", "--label", f"{PARENT_LABEL}={os.getpid()}",
+           "--log-driver", "none",
            "--network", "none", "--read-only", "--cap-drop", "ALL",
            "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={seccomp_profile_path()}",
            "--pids-limit", str(limits.nproc), "--memory", f"{limits.memory_mb}m",
@@ -277,6 +279,34 @@ def leftover_containers(name_prefix: str = "spogw-") -> list[str]:
     return [n for n in res.stdout.decode().split() if n.startswith(name_prefix)]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans() -> list[str]:
+    """Remove our containers whose parent process is gone. A container outlives a parent killed with SIGKILL
+    (the client runs in its own session, and bwrap's --die-with-parent has no docker equivalent); one that
+    had only been created when its client died is never auto-removed. Returns the names removed."""
+    res = docker("ps", "--all", "--filter", f"label={CONTAINER_LABEL}",
+                 "--format", '{{.Names}} {{.Label "%s"}}' % PARENT_LABEL)
+    if res.returncode != 0:
+        return []
+    orphans = []
+    for line in res.stdout.decode().splitlines():
+        name, _, parent = line.partition(" ")
+        if parent.isdigit() and not _alive(int(parent)):
+            orphans.append(name)
+    if orphans:
+        docker("rm", "--force", *orphans)
+    return orphans
+
+
 def detect() -> tuple[str, str]:
     """('', detail) when the docker sandbox can run here, else (why not, ''), with the fix in the text."""
     from .isolation import Limits
@@ -291,6 +321,7 @@ def detect() -> tuple[str, str]:
     ok, why = image_status()
     if not ok:
         return f"{why}; fix: `spogw sandbox build-image`", ""
+    sweep_orphans()
     probe = run_command([sys.executable, "-I", "-S", "-c", _PROBE], Limits(), [], None,
                         f"spogw-probe-{os.getpid()}-{os.urandom(4).hex()}")
     try:

@@ -111,7 +111,8 @@ I386_UNSHARE = (
     "m.write(code)\n"
     "print('before', flush=True)\n"
     "print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())\n")
-X32_UNSHARE = f"import ctypes\nprint('before', flush=True)\nctypes.CDLL(None).syscall(0x40000000 | 272, {CLONE_NEWUSER})\n"
+X32_UNSHARE = ("import ctypes\nprint('before', flush=True)\n"
+               f"ctypes.CDLL(None).syscall(0x40000000 | 272, {CLONE_NEWUSER})\n")
 
 
 @pytest.mark.parametrize("abi, program", [("i386 int 0x80", I386_UNSHARE), ("x32", X32_UNSHARE)])
@@ -174,3 +175,30 @@ def test_cli_exec_workflow_runs_with_the_bundled_executor_in_docker(docker_engin
     assert data["isolation"] == "docker" and data["status"] == "ok", data
     assert data["llm_calls"] == 1 and data["score"] in (0.0, 1.0)
     assert wait_for_no_containers(f"spogw-{proc.pid}-") == []  # the CLI's containers are named after it
+
+
+ORPHAN_PARENT = """
+import subprocess, sys, time
+from spogw_dagster.docker_sandbox import run_command
+from spogw_dagster.isolation import Limits
+cmd = run_command([sys.executable, "-I", "-S", "-c", "import time; time.sleep(600)"], Limits(), [], None, sys.argv[1])
+subprocess.Popen(cmd, stdin=subprocess.PIPE, start_new_session=True)  # as spawn does: its own session
+time.sleep(600)
+"""
+
+
+def test_a_container_whose_parent_was_killed_is_swept(docker_engine):
+    name = f"spogw-orphan-{os.getpid()}-{os.urandom(4).hex()}"
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, name])
+    try:
+        deadline = time.monotonic() + 30
+        while name not in docker_sandbox.leftover_containers(name) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert docker_sandbox.leftover_containers(name) == [name], "the container never started"
+    finally:
+        parent.kill()
+        parent.wait()
+    time.sleep(1)
+    assert docker_sandbox.leftover_containers(name) == [name]  # the container outlives its killed parent
+    assert name in docker_sandbox.sweep_orphans()
+    assert wait_for_no_containers(name) == []
