@@ -102,7 +102,7 @@ def build_filter():
 
 
 def _export(method: str) -> bytes:
-    fd = os.memfd_create("spogw-seccomp", 0)
+    fd = os.memfd_create("spogw-seccomp", os.MFD_CLOEXEC)
     try:
         with open(fd, "w+b", closefd=False) as f:
             getattr(build_filter(), method)(f)
