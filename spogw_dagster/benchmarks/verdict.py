@@ -118,6 +118,11 @@ class CodeSandbox:
     call_timeout_s: float = CALL_TIMEOUT_S
 
 
+def _one_line(text: object, limit: int = 400) -> str:
+    """A failure reason for logs: one line (the solution chooses some of its text), bounded."""
+    return " ".join(str(text).split())[:limit]
+
+
 class _Failed(Exception):
     """The solution failed in a way that ends the run; the message is the verdict's reason."""
 
@@ -262,7 +267,7 @@ class _Relay:
                                    f"{side.cap} bytes"), []
             return False, f"failed: timeout: wall-clock limit of {self.sandbox.limits.wall_s}s exceeded", []
         except _Failed as e:
-            return False, f"failed: {e}", []
+            return False, f"failed: {_one_line(e)}", []
         finally:
             for task in (work, self._loaded, *floods):
                 task.cancel()
@@ -312,7 +317,7 @@ class _Relay:
             raise ScoringInfrastructureError(f"malformed verdict from the test process: {str(msg)[:200]}")
         failed = [r for r in records if not r["passed"]]
         if failed:
-            return False, f"failed: {str(failed[0].get('error'))[:400]}", records
+            return False, f"failed: {_one_line(failed[0].get('error'))}", records
         if len(records) != len(self.job.tests):
             raise ScoringInfrastructureError(f"the test process reported {len(records)} of {len(self.job.tests)} tests")
         return True, "passed", records
