@@ -67,7 +67,7 @@ def _install_tripwire():
         # or re-created by _imp.create_dynamic to get a fresh, unpatched copy.
         if event in _BLOCKED_EVENTS or event.startswith(("socket.", "ctypes.", "os.set", "signal.")) \
                 or event == "import":
-            _trip(event)
+            _trip(f"import of {args[0]!r}" if event == "import" and args else event)
 
     sys.addaudithook(hook)
 
