@@ -14,7 +14,12 @@ import torch
 from safetensors.torch import load_file
 
 from spogw_dagster.core.config import ConfigError
-from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
+from spogw_dagster.core.logprobs import (
+    build_completion_batch,
+    build_shared_prompt_batch,
+    completion_logprobs,
+    score_completions,
+)
 from spogw_dagster.core.trainer import (
     ADAPTER_FILES,
     STATS_FILE,
@@ -149,6 +154,94 @@ def test_logprobs_do_not_depend_on_padding(tiny_model):
         ref = torch.log_softmax(model(seq).logits[0, :-1].float(), -1)
         ref = ref[torch.arange(len(seq[0]) - 1), seq[0, 1:]][-len(comps[1]) :]
         assert torch.allclose(both[1], ref, atol=1e-5)
+
+
+def test_shared_prompt_batch_layout():
+    """Rows of two interleaved prompts: each distinct prompt once, left-padded; rows point at their prompt."""
+    b = build_shared_prompt_batch([[5, 6, 7], [8], [5, 6, 7]], [[1, 2], [3, 4, 9], [7]], pad_id=0)
+    assert b.prompt_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert b.prompt_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert b.prompt_positions[1, 2] == 0
+    assert b.row_prompt.tolist() == [0, 1, 0]
+    assert b.completion_ids.tolist() == [[1, 2, 0], [3, 4, 9], [7, 0, 0]]
+    assert b.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
+    assert b.num_prompts == 2 and b.num_tokens == 4 + 6
+    with pytest.raises(ValueError, match="prompt"):
+        build_shared_prompt_batch([[]], [[1]], 0)
+
+
+def test_shared_prompt_scoring_matches_per_row(tiny_model):
+    """No-grad scoring: same numbers as the per-row path, in input order, also when every completion is one
+    token long (no completion forward at all) and when prompts repeat far apart in the input."""
+    from spogw_dagster.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(tiny_model)
+    prompts = [[11, 12, 13, 14], [21], [11, 12, 13, 14], [31, 32], [21]]
+    for comps in ([[31, 32], [41, 42, 43, 44], [5], [6, 7, 8], [9, 9]], [[1], [2], [3], [4], [5]]):
+        rows = score_completions(model, prompts, comps, 0, temperature=0.7, batch_size=3, shared_prompt=False)
+        shared = score_completions(model, prompts, comps, 0, temperature=0.7, batch_size=3)
+        assert [len(x) for x in shared] == [len(c) for c in comps]
+        for a, b in zip(rows, shared):
+            assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+
+
+def test_batches_keep_each_prompt_together():
+    """Each prompt's rows are contiguous, every row is used once, batches hold at most batch_size rows, and
+    the order is a seeded shuffle (over prompts and within them) that changes with the epoch and the seed."""
+    from spogw_dagster.core.trainer import _batches, _Item
+
+    sizes = {(1, 2): 5, (3,): 3, (4, 4, 4): 4, (5,): 1}
+    items = []
+    for k in range(max(sizes.values())):  # rows of different prompts interleaved in the input
+        for p, n in sizes.items():
+            if k < n:
+                items.append(_Item(len(items), list(p), [k + 1], 0.0, None, group=p))
+
+    def order(cfg, epoch):
+        mbs = _batches(items, cfg, epoch)
+        assert all(1 <= len(mb) <= cfg.batch_size for mb in mbs)
+        return [x.idx for mb in mbs for x in mb], mbs
+
+    cfg = TrainConfig(batch_size=4, seed=0)
+    flat, mbs = order(cfg, 0)
+    assert sorted(flat) == list(range(len(items))) and len(mbs) == 4  # ceil(13 / 4): steps per epoch unchanged
+    runs = [tuple(items[i].prompt_ids) for i in flat]
+    assert len([k for j, k in enumerate(runs) if j == 0 or runs[j - 1] != k]) == len(sizes)  # one run per prompt
+    assert order(cfg, 0)[0] == flat
+    assert order(cfg, 1)[0] != flat and order(TrainConfig(batch_size=4, seed=1), 0)[0] != flat
+    # score_dpo: whole groups, prompts together; a group larger than batch_size is a batch of its own
+    dpo = TrainConfig(objective="score_dpo", batch_size=4, seed=0)
+    for epoch in range(3):
+        _, mbs = order(TrainConfig(objective="score_dpo", batch_size=5, seed=epoch), 0)
+        assert all(len({x.group for x in mb}) == len({tuple(x.prompt_ids) for x in mb}) for mb in mbs)
+        assert sum(len(mb) for mb in mbs) == len(items)
+    big = [mb for mb in _batches(items, dpo, 0) if len(mb) > 4]
+    assert [len(mb) for mb in big] == [5] and len({x.group for x in big[0]}) == 1
+
+
+def test_shared_and_per_row_training_give_the_same_adapter(tiny_model, tmp_path):
+    """The same run with shared_prompt on and off: same batches, same losses, same adapter (up to rounding)."""
+    examples = _examples() + [
+        TrainExample("Task: reverse a string.\n", c, advantage=-a, score=1.0 - s, group_id="q2")
+        for (c, a), s in zip(GROUP, (1.0, 0.9, 0.1, 0.0))
+    ]
+    runs = {}
+    for shared in (True, False):
+        cfg = TrainConfig(epochs=2, batch_size=3, learning_rate=1e-2, seed=5, shared_prompt=shared, beta=0.1,
+                          old_logprobs="recompute", target_modules=("q_proj", "k_proj", "v_proj"))
+        runs[shared] = train_lora(examples, cfg, tmp_path / str(shared), base_model=tiny_model)
+    a, b = runs[True].stats, runs[False].stats
+    assert [s["rows"] for s in a["steps"]] == [s["rows"] for s in b["steps"]] and len(a["steps"]) == 6
+    for sa, sb in zip(a["steps"], b["steps"]):
+        assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
+    ta, tb = _tensors(runs[True].adapter_dir), _tensors(runs[False].adapter_dir)
+    assert ta.keys() == tb.keys()
+    scale = max(float(t.abs().max()) for k, t in ta.items() if "lora_B" in k)
+    assert scale > 1e-3  # it did learn; Adam turns float32 rounding of the gradients into ~1e-4 of that
+    assert max(float((ta[k] - tb[k]).abs().max()) for k in ta) < 1e-3 * scale
+    for ea, eb in zip(a["examples"], b["examples"]):  # π_old before, and the after-training pass
+        assert ea["mean_logp_before"] == pytest.approx(eb["mean_logp_before"], abs=1e-5)
+        assert ea["mean_logp_after"] == pytest.approx(eb["mean_logp_after"], abs=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------
