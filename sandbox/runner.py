@@ -16,8 +16,9 @@ second wall: the code runs with a builtins dict holding only the allow-listed na
 file descriptor is not reachable from the workflow (fd 1 is pointed at /dev/null, prints go to a capped
 buffer), and an audit hook refuses process creation (os.fork/exec/spawn/posix_spawn, subprocess.Popen,
 and _posixsubprocess.fork_exec, which has no audit event and is swapped for a tripwire), sockets, ctypes,
-file opens and any import that is not already loaded once the workflow starts: a tripwire that turns an escape attempt into `sandbox_violation` (the OS isolation is
-what actually holds; see spogw_dagster/isolation.py).
+file opens and any import that is not already loaded once the workflow starts: a tripwire that turns an
+escape attempt into `sandbox_violation` (the OS isolation and its seccomp filter are what actually hold; see
+spogw_dagster/isolation.py and spogw_dagster/seccomp.py).
 """
 
 import asyncio
