@@ -21,7 +21,6 @@ import pytest
 from spogw_dagster.workflow.template import TEMPLATES
 
 pytestmark = pytest.mark.model
-REPO = Path(__file__).resolve().parent.parent
 PROJECT_SITE = sysconfig.get_paths()["purelib"]  # where this project and its dependencies are installed
 BASE_PYTHON = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
 PY_VER = f"python{sys.version_info.major}.{sys.version_info.minor}"
