@@ -6,7 +6,6 @@ Pure of Dagster. Used by the CLI (`exec-workflow`, `baseline`) and by the pipeli
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,6 +68,36 @@ def held_out_problems(benchmark: str, *, limit: int | None = None, seed: int = 0
             raise ValueError("--limit must be >= 1")
         problems = problems[:limit]
     return problems
+
+
+REPORT_SPLITS = {"test": "test", "validation": "val"}
+
+
+def split_problems(benchmark: str, split: str, *, limit: int | None = None, seed: int = 0,
+                   path: str | None = None) -> tuple[list[Problem], dict[str, Any]]:
+    """The first `limit` queries (None: all) of the `test` or `validation` split, and a record of the split
+    (name, seed, sizes, the splits' content hash and a hash of the chosen ids) for report metadata.
+
+    Settings are chosen on `validation`; `test` is held out (the report's default)."""
+    from .benchmarks import load_split_problems, make_benchmark_splits
+    from .benchmarks.splits import ids_sha256
+
+    if split not in REPORT_SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {sorted(REPORT_SPLITS)}")
+    n_train, n_val, n_test = default_split_sizes(benchmark, path=path)
+    splits = make_benchmark_splits(benchmark, seed, n_train, n_val, n_test, path=path)
+    problems = load_split_problems(splits, REPORT_SPLITS[split], path=path)
+    if limit is not None:
+        if limit > len(problems):
+            raise ValueError(f"{limit} {split} queries asked for, but the {split} split of {benchmark} has "
+                             f"{len(problems)}; lower the number")
+        problems = problems[:limit]
+    if not problems:
+        raise ValueError(f"the {split} split of {benchmark} is empty")
+    ids = [p.id for p in problems]
+    return problems, {"split": split, "benchmark": benchmark, "split_seed": seed, "queries": len(ids),
+                      "split_sizes": splits.sizes, "splits_content_hash": splits.content_hash,
+                      "ids_sha256": ids_sha256(ids), "first_ids": ids[:5]}
 
 
 def baseline_workflow(family: str, method: str) -> str:
@@ -183,14 +212,10 @@ async def evaluate_many(code: str, problems: Iterable[Problem], executor, iso: I
 
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval for a solve rate (stays inside [0, 1], sane at 0/n and n/n)."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    """95% Wilson score interval for a solve rate (see `core.stats.wilson`)."""
+    from .core.stats import wilson
+
+    return wilson(successes, n, z)
 
 
 def summarize(results: list[EvalResult]) -> dict[str, Any]:

@@ -188,3 +188,30 @@ def test_load_splits_errors(tmp_path):
     p.write_text(json.dumps(bad))
     with pytest.raises(SplitError, match="do not match"):
         load_splits(p)
+
+
+def test_validation_split_for_choosing_settings():
+    """Settings are chosen on `validation`: disjoint from the training queries and from the held-out test
+    queries; the ids used are recorded by hash."""
+    import hashlib
+
+    from spogw_dagster.benchmarks.splits import ids_sha256
+    from spogw_dagster.evaluation import held_out_problems, split_problems
+
+    val, info = split_problems("humaneval", "validation")
+    test, tinfo = split_problems("humaneval", "test", limit=20)
+    assert [p.id for p in test] == [p.id for p in held_out_problems("humaneval", limit=20)]
+    assert info["split"] == "validation" and info["queries"] == len(val) == info["split_sizes"]["val"] == 16
+    assert not {p.id for p in val} & {p.id for p in held_out_problems("humaneval")}
+    from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
+
+    s = make_benchmark_splits("humaneval", 0, *[info["split_sizes"][k] for k in ("train", "val", "test")])
+    assert not {p.id for p in val} & set(s.train)
+    assert info["ids_sha256"] == hashlib.sha256("\n".join(p.id for p in val).encode()).hexdigest()
+    assert ids_sha256(["a", "b"]) != ids_sha256(["b", "a"])
+    assert info["splits_content_hash"] == s.content_hash == tinfo["splits_content_hash"]
+    assert [p.id for p in load_split_problems(s, "val")] == [p.id for p in val]
+    with pytest.raises(ValueError, match="has 16"):
+        split_problems("humaneval", "validation", limit=17)
+    with pytest.raises(ValueError, match="unknown split"):
+        split_problems("humaneval", "train")

@@ -104,3 +104,22 @@ def test_code_versions_follow_config_sections():
     c = load_config("ci", overrides={"curation": {"tau_std": 0.2}})
     assert code_version("screened_groups", a) != code_version("screened_groups", c)
     assert code_version("execution_scores", a) == code_version("execution_scores", c)
+
+
+def test_report_section_samples_temperature_and_split():
+    cfg = load_config("tiny")
+    assert cfg.report.greedy and cfg.report.samples >= 1 and cfg.report.split == "test"
+    # the sampled mode defaults to the training temperature
+    assert cfg.report.sample_temperature is None and cfg.report_temperature() == cfg.generator.temperature
+    assert load_config("ci", overrides={"report": {"sample_temperature": 0.9}}).report_temperature() == 0.9
+    assert load_config("ci").report.samples <= 2  # the e2e test stays fast
+    with pytest.raises(ConfigValidationError, match="score nothing"):
+        load_config("ci", overrides={"report": {"greedy": False, "samples": 0}})
+    with pytest.raises(ConfigValidationError, match="report.split"):
+        load_config("ci", overrides={"report": {"split": "train"}})
+    with pytest.raises(ConfigValidationError, match="report.temperature"):  # the old field is gone, loudly
+        load_config("ci", overrides={"report": {"temperature": 0.0}})
+    # the report's code version follows the reward ladder (its mean reward uses it)
+    a = load_config("ci")
+    b = load_config("ci", overrides={"reward": {"format": 0.0}})
+    assert section_hash(a, "benchmark_report") != section_hash(b, "benchmark_report")

@@ -19,6 +19,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from spogw_dagster.pipeline import tables
 from spogw_dagster.pipeline.catalog import query
 from spogw_dagster.pipeline.config import load_config
 from spogw_dagster.pipeline.definitions import build_definitions
@@ -115,9 +116,28 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
         assert sampled.height == d * m and scores.height == d * m
         assert sampled.group_by("query_id").len()["len"].to_list() == [m] * d
         report = store.read_parquet("benchmark_report", key)
-        assert report["kind"].to_list() == ["checkpoint", "previous", "baseline"]
-        assert report["n"].to_list() == [h, h, h]
-        assert store.read_parquet("heldout_results", key).height == 3 * h
+        assert report.schema == pl.Schema(tables.REPORT_SCHEMA) and report.height > 0
+        assert report["kind"].unique(maintain_order=True).to_list() == ["checkpoint", "previous", "baseline"]
+        # policies greedy + k sampled, the io baseline greedy + baseline_samples; every metric for each
+        rep = cfg.report
+        systems = {(s, m) for s, m in report.select("system", "mode").iter_rows()}
+        prev = "base" if it == 0 else "spogw@0000"
+        assert systems == {(f"spogw@{key}", "greedy"), (f"spogw@{key}", "sampled"), (prev, "greedy"),
+                           (prev, "sampled"), ("baseline:io", "greedy"), ("baseline:io", "sampled")}
+        assert report.group_by("system", "mode").len()["len"].to_list() == [len(tables.METRICS)] * 6
+        held = store.read_parquet("heldout_results", key)
+        assert held.schema == pl.Schema(tables.HELDOUT_SCHEMA)
+        assert held.height == 2 * h * (1 + rep.samples) + h * (1 + rep.baseline_samples)
+        ck = report.filter((pl.col("kind") == "checkpoint") & (pl.col("metric") == "answer_score"))
+        assert ck["n"].to_list() == [h, h * rep.samples]  # greedy, sampled
+        assert ck["diff_vs_prev"].null_count() == 0 and (ck["diff_ci_low"] <= ck["diff_ci_high"]).all()
+        for r in report.filter(pl.col("ci_method") != "none").iter_rows(named=True):
+            assert 0.0 <= r["ci_low"] <= r["value"] <= r["ci_high"] <= 1.0, r
+        # sample j of query q used the same sampler and executor seed under both policies (paired)
+        seeds = held.filter(pl.col("kind") != "baseline").group_by("mode", "query_id", "sample_idx").agg(
+            pl.col("seed").n_unique().alias("s"), pl.col("exec_seed").n_unique().alias("e"), pl.len())
+        assert (seeds["s"] == 1).all() and (seeds["e"] == 1).all() and (seeds["len"] == 2).all()
+        assert set(report["split"].to_list()) == {"test"}
         ck = store.read_parquet("lora_checkpoint", key)
         assert ck.height == 1 and Path(ck["adapter_path"][0]) == store.adapter_dir(key)
         assert (store.adapter_dir(key) / "adapter_model.safetensors").is_file()
@@ -131,7 +151,10 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
     assert query(store, "select count(*) from execution_scores where iteration = 1") == loop["views1"]
     stat = query(store, "select iteration, status, avg(score) from execution_scores group by all order by 1, 2")
     assert {r[0] for r in stat} == {0, 1}
-    assert query(store, "select count(*) from benchmark_report where kind = 'checkpoint'") == [(2,)]
+    assert query(store, "select count(distinct iteration) from benchmark_report where kind = 'checkpoint'") == [(2,)]
+    curve = query(store, "select step, system, value, ci_low, ci_high from learning_curve "
+                         "where metric = 'answer_score' and mode = 'sampled' order by step")
+    assert [(r[0], r[1]) for r in curve] == [(-1, "base"), (0, "spogw@0000"), (1, "spogw@0001")]
 
 
 def test_iteration_1_names_iteration_0s_checkpoint(loop):
@@ -146,7 +169,13 @@ def test_iteration_1_names_iteration_0s_checkpoint(loop):
     assert s1["parent_iteration"].unique().to_list() == [0]
     assert s1["parent_adapter_sha256"].unique().to_list() == [parent["adapter_sha256"]]
     rep1 = loop["store"].read_parquet("benchmark_report", "0001")
-    assert rep1.filter(pl.col("kind") == "previous")["system"].to_list() == ["spogw@0000"]
+    assert rep1.filter(pl.col("kind") == "previous")["system"].unique().to_list() == ["spogw@0000"]
+    # π_0's rows in report 1 are report 0's checkpoint rows (same adapter and config: reused, not regenerated)
+    assert md1["benchmark_report"]["previous_reused_from_report"] is True
+    assert md1["benchmark_report"]["split"]["split"] == "test"
+    assert md1["benchmark_report"]["split_ids_sha256"] == md0["benchmark_report"]["split_ids_sha256"]
+    assert md1["benchmark_report"]["iterations_in_curve"] == 2
+    assert md1["benchmark_report"]["learning_curve"].startswith("![held-out metrics")
     for md in (md0, md1):  # config hash and code versions recorded everywhere
         for a in ASSET_NAMES:
             assert md[a]["config_hash"] == load_config("ci").hash
@@ -165,12 +194,14 @@ def test_iteration_1_without_checkpoint_0_fails_clearly_and_writes_nothing(loop)
 
 def test_rerun_of_iteration_1_is_served_from_the_cache(loop):
     md1, md1b = loop["md1"], loop["md1b"]
-    first_calls = md1["execution_scores"]["executor_calls"] + md1["benchmark_report"]["executor_cache_hits"] \
-        + md1["benchmark_report"]["executor_new_calls"]
-    assert first_calls > 0  # the baselines at least call the executor
+    md0 = loop["md0"]
+    assert md0["benchmark_report"]["executor_new_calls"] > 0  # the baselines at least call the executor
+    assert md0["benchmark_report"]["baselines_from_cache"] == []
+    # static baselines do not depend on the checkpoint: computed once, reused by later reports
+    assert md1["benchmark_report"]["baselines_from_cache"] == ["io"]
     assert md1b["execution_scores"]["executor_new_calls"] == 0
     assert md1b["benchmark_report"]["executor_new_calls"] == 0
-    assert md1b["benchmark_report"]["executor_cache_hits"] > 0
+    assert md1b["benchmark_report"]["baselines_from_cache"] == ["io"]
     assert md1b["execution_scores"]["executor_cache_hits"] == md1b["execution_scores"]["executor_calls"]
     assert loop["counts1b"] == loop["counts1"]
     # the same workflows were sampled again (seeded), and the same training run was recognised
@@ -194,4 +225,5 @@ def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path
     text = buf.getvalue()
     assert [o.status for o in outcomes] == ["skipped", "skipped"]
     assert "held-out scores per iteration" in text and "spogw@0001" in text and "baseline:io" in text
+    assert "Δ vs previous" in text and "solve rate" in text
     assert (tmp_path / "home" / "dagster.yaml").is_file()

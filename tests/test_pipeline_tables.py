@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import polars as pl
 import pytest
 
@@ -121,38 +119,139 @@ def test_training_examples_join_sampled_tokens_in_group_order():
         tables.training_examples(sharp.with_columns(pl.lit(9).alias("sample_idx")), sampled)
 
 
-def test_report_rows_interval_delta_and_reuse():
-    rows = (tables.heldout_rows(1, "spogw@0001", [_result("a", Status.OK, 1.0, ["ok"], 1),
-                                                  _result("b", Status.INVALID, 0.0)], ["w1", "w2"])
-            + tables.heldout_rows(1, "spogw@0000", [_result("a", Status.OK, 0.0, ["ok"], 1),
-                                                    _result("b", Status.EXECUTOR_ERROR, 0.0, ["executor_error"])],
-                                  ["w3", "w4"])
-            + tables.heldout_rows(1, "baseline:io", [_result("a", Status.OK, 1.0, ["ok"], 1),
-                                                     _result("b", Status.OK, 1.0, ["ok"], 1)], ["io", "io"]))
-    held = tables.heldout_frame(rows)
-    this = tables.summarize_system(1, "spogw@0001", "checkpoint", 1, held, "h", "sha1")
-    assert (this["n"], this["scored"], this["solve_rate"], this["valid_rate"]) == (2, 2, 0.5, 0.5)
-    assert this["ci_low"] == pytest.approx(0.0945, abs=1e-3) and this["ci_high"] == pytest.approx(0.9055, abs=1e-3)
-    assert json.loads(this["statuses"]) == {"invalid": 1, "ok": 1}
-    prev = tables.summarize_system(1, "spogw@0000", "previous", 0, held, "h", "sha0")
-    assert (prev["scored"], prev["executor_errors"], prev["solve_rate"]) == (1, 1, 0.0)  # errors excluded
-    base = tables.summarize_system(1, "baseline:io", "baseline", None, held, "h")
-    report = tables.report_frame([base, prev, this])
-    assert report["kind"].to_list() == ["checkpoint", "previous", "baseline"]
-    assert report["delta_vs_previous"].to_list()[0] == pytest.approx(0.5)
-    assert report["delta_vs_previous"].to_list()[1:] == [None, None]
-    assert "spogw@0001" in tables.report_table_text(report)
+LADDER = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+WF = "class Workflow:\n    async def run(self):\n        return await self.code_generate(instruction='x')\n"
+TRIVIAL = "class Workflow:\n    async def run(self):\n        return await self.test(solution=False)\n"
 
-    # report 1's checkpoint rows can stand in for "previous" in report 2 only with the same adapter and config
-    again = tables.reusable_previous(report, held, "spogw@0001", "sha1", "h", 2)
-    assert again is not None and again.height == 2 and again["iteration"].unique().to_list() == [2]
-    assert tables.reusable_previous(report, held, "spogw@0001", "other", "h", 2) is None
-    assert tables.reusable_previous(report, held, "spogw@0001", "sha1", "changed", 2) is None
-    assert tables.reusable_previous(report, held.head(1), "spogw@0001", "sha1", "h", 2) is None
-    assert tables.reusable_previous(None, held, "spogw@0001", "sha1", "h", 2) is None
+
+def _hrow(system, kind, mode, q, j, parse, status, score, runs, wf=WF, calls=0):
+    hs = tables.HeldoutSample(system, kind, mode, q, j, 5, 100 + j, 0.5 if mode == "sampled" else 0.0, parse, wf,
+                              "stop", 12, None, None)
+    return tables.heldout_row(1, "test", hs, _result(q, status, score, runs, calls), LADDER)
+
+
+def _heldout():
+    ck, pv = ("spogw@0001", "checkpoint"), ("spogw@0000", "previous")
+    return tables.heldout_frame([
+        _hrow(*ck, "sampled", "a", 0, "ok", Status.OK, 1.0, ["ok"], calls=2),
+        _hrow(*ck, "sampled", "a", 1, "invalid", Status.INVALID, 0.0, []),
+        _hrow(*ck, "sampled", "b", 0, "ok", Status.RUNTIME_ERROR, 0.0, ["runtime_error"], calls=1),
+        _hrow(*ck, "sampled", "b", 1, "ok", Status.OK, 0.0, ["ok"], wf=TRIVIAL, calls=1),
+        _hrow(*pv, "sampled", "a", 0, "invalid", Status.INVALID, 0.0, []),
+        _hrow(*pv, "sampled", "a", 1, "invalid", Status.INVALID, 0.0, []),
+        _hrow(*pv, "sampled", "b", 0, "ok", Status.RUNTIME_ERROR, 0.0, ["runtime_error"]),
+        _hrow(*pv, "sampled", "b", 1, "ok", Status.EXECUTOR_ERROR, 0.0, ["executor_error"]),
+        _hrow("baseline:io", "baseline", "greedy", "a", 0, "ok", Status.OK, 1.0, ["ok"], calls=1),
+        _hrow("baseline:io", "baseline", "greedy", "b", 0, "ok", Status.OK, 0.0, ["ok"], calls=1),
+    ])
+
+
+def test_heldout_rows_valid_executes_reward_trivial():
+    h = _heldout()
+    assert h.schema == pl.Schema(tables.HELDOUT_SCHEMA)
+    ck = h.filter(pl.col("system") == "spogw@0001")
+    assert ck["valid"].to_list() == [True, False, True, True]
+    assert ck["executes"].to_list() == [1.0, 0.0, 0.0, 1.0]
+    # the ladder 0.1/0.2/0.2/0.5: all four; format only; format + valid; format + valid + executes
+    assert ck["reward"].to_list() == pytest.approx([1.0, 0.1, 0.3, 0.5])
+    assert ck["trivial"].to_list() == [False, False, False, True]
+    assert ck["exec_seed"].to_list() == [100, 101, 100, 101] and ck["greedy"].to_list() == [False] * 4
+    assert tables.is_trivial(TRIVIAL, True) and not tables.is_trivial(WF, True) and not tables.is_trivial(TRIVIAL, False)
+
+
+def test_report_long_format_intervals_and_paired_difference():
+    from spogw_dagster.core import stats
+
+    rep = tables.summarize_heldout(_heldout(), iteration=1, config_hash="h", split_ids_sha256="ids", seed=0)
+    assert rep.schema == pl.Schema(tables.REPORT_SCHEMA)
+
+    def get(system, metric, mode="sampled"):
+        return rep.filter((pl.col("system") == system) & (pl.col("metric") == metric)
+                          & (pl.col("mode") == mode)).row(0, named=True)
+
+    v = get("spogw@0001", "valid_rate")
+    # 3/4 valid; queries a [1, 0] and b [1, 1]: design effect 0.0625 / 0.046875 = 4/3, effective n 3
+    assert (v["value"], v["n"], v["n_queries"], v["ci_method"]) == (0.75, 4, 2, "wilson_deff")
+    assert (v["ci_low"], v["ci_high"]) == pytest.approx(stats.wilson(2.25, 3))
+    r = get("spogw@0001", "mean_reward")
+    assert r["value"] == pytest.approx(0.475) and r["ci_method"] == "cluster_bootstrap"
+    assert get("spogw@0001", "trivial_rate")["value"] == 0.25
+    assert get("spogw@0001", "answer_score")["value"] == 0.25
+    # the previous policy: its executor error is left out (3 scored samples) and counted
+    assert get("spogw@0000", "valid_rate")["n"] == 3 and get("spogw@0000", "executor_errors")["value"] == 1.0
+    assert get("spogw@0000", "mean_reward")["diff_vs_prev"] is None
+    # paired on (query, sample) without the executor-error pair: reward diffs a [0.9, 0], b [0]: mean 0.3;
+    # resampling 2 queries gives 0.45 (a, a), 0.3 or 0 (b, b), each end with probability 1/4: [0, 0.45]
+    assert (r["diff_vs_prev"], r["diff_ci_low"], r["diff_ci_high"], r["n_pairs"]) == (
+        pytest.approx(0.3), 0.0, pytest.approx(0.45), 3)
+    assert get("spogw@0001", "valid_rate")["diff_vs_prev"] == pytest.approx(1 / 3)
+    # greedy baseline: one sample per query gives plain Wilson; no greedy previous to pair with
+    b = get("baseline:io", "valid_rate", "greedy")
+    assert (b["value"], b["ci_method"], b["diff_vs_prev"]) == (1.0, "wilson", None)
+    assert (b["ci_low"], b["ci_high"]) == pytest.approx(stats.wilson(2, 2))
+    assert get("baseline:io", "executor_calls", "greedy")["value"] == 2.0
+    assert rep["kind"].unique(maintain_order=True).to_list() == ["checkpoint", "previous", "baseline"]
+    assert set(rep["config_hash"].to_list()) == {"h"} and set(rep["split_ids_sha256"].to_list()) == {"ids"}
+    text = tables.report_table_text(rep)
+    assert "0.750 [" in text and "+0.300 [+0.000, +0.450]" in text
+    assert "Δ vs previous" in tables.curve_table_text(rep)
+    assert tables.metric_row(rep, "checkpoint", "answer_score")["mode"] == "sampled"
+
+
+def test_previous_rows_are_reused_only_for_the_same_adapter_config_and_size():
+    held = _heldout()
+    rep = tables.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
+    rep = rep.with_columns(pl.when(pl.col("kind") == "checkpoint").then(pl.lit("sha1"))
+                           .otherwise(pl.col("adapter_sha256")).alias("adapter_sha256"))
+    again = tables.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 4)
+    assert again is not None and again.height == 4
+    assert again["iteration"].unique().to_list() == [2] and again["kind"].unique().to_list() == ["previous"]
+    assert tables.reusable_previous(rep, held, "spogw@0001", "other", "h", 2, 4) is None
+    assert tables.reusable_previous(rep, held, "spogw@0001", "sha1", "changed", 2, 4) is None
+    assert tables.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 6) is None  # k changed
+    assert tables.reusable_previous(None, held, "spogw@0001", "sha1", "h", 2, 4) is None
+
+
+def test_learning_curve_puts_the_base_model_first():
+    held = _heldout()
+    r0 = tables.summarize_heldout(held.with_columns(
+        pl.col("system").replace({"spogw@0001": "spogw@0000", "spogw@0000": "base"})),
+        iteration=0, config_hash="h", split_ids_sha256="ids")
+    r1 = tables.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
+    curve = tables.learning_curve(pl.concat([r0, r1]))
+    steps = curve.filter((pl.col("metric") == "valid_rate") & (pl.col("mode") == "sampled"))
+    assert steps["step"].to_list() == [-1, 0, 1]
+    assert steps["system"].to_list() == ["base", "spogw@0000", "spogw@0001"]
+    from spogw_dagster.pipeline.plots import learning_curve_plot
+
+    assert learning_curve_plot(curve).startswith("![held-out metrics")
 
 
 def test_score_distribution():
     d = tables.score_distribution([0.0, 0.1, 0.5, 0.99, 1.0, None])
     assert list(d.values()) == [2, 0, 1, 0, 2]
     assert list(d)[-1] == "[0.8,1.0]"
+
+
+def test_catalog_learning_curve_view_and_run_table(tmp_path):
+    from spogw_dagster.pipeline.catalog import query, refresh_catalog
+    from spogw_dagster.pipeline.loop import summary_table
+    from spogw_dagster.pipeline.storage import AssetStore
+
+    store = AssetStore(tmp_path)
+    held = _heldout()
+    h0 = held.with_columns(pl.col("system").replace({"spogw@0001": "spogw@0000", "spogw@0000": "base"}),
+                           pl.lit(0).cast(pl.Int64).alias("iteration"))
+    for key, it, h in (("0000", 0, h0), ("0001", 1, held)):
+        store.write_parquet("heldout_results", key, h)
+        store.write_parquet("benchmark_report", key,
+                            tables.summarize_heldout(h, iteration=it, config_hash="c", split_ids_sha256="s"))
+    refresh_catalog(store)
+    curve = query(store, "select step, system, value, ci_low, ci_high, diff_vs_prev from learning_curve "
+                         "where metric = 'mean_reward' and mode = 'sampled' order by step")
+    assert [(r[0], r[1]) for r in curve] == [(-1, "base"), (0, "spogw@0000"), (1, "spogw@0001")]
+    assert curve[2][2] == pytest.approx(0.475) and curve[2][5] == pytest.approx(0.3) and curve[0][5] is None
+    assert query(store, "select count(*) from heldout_results where iteration = 1 and trivial") == [(1,)]
+    text = summary_table(store, 2)
+    assert text.startswith("held-out scores per iteration (test split")
+    assert text.count("Δ vs previous") == 2 and "0.475 [0.400, 0.550]" in text

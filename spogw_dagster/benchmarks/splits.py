@@ -92,6 +92,11 @@ class Splits:
         return chosen[split]
 
 
+def ids_sha256(ids: Iterable[str]) -> str:
+    """A short record of which queries were used: sha256 over the ids in order, newline-joined."""
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+
+
 def _key(seed: int, pid: str) -> str:
     return hashlib.sha256(f"{seed}:{pid}".encode()).hexdigest()
 

@@ -37,7 +37,10 @@ def wilson(successes: float, n: float, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(max(0.0, p * (1 - p) / n + z * z / (4 * n * n))) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # exact ends at 0/n and n/n (the formula gives them up to float rounding)
+    lo = 0.0 if successes <= 0 else max(0.0, centre - half)
+    hi = 1.0 if successes >= n else min(1.0, centre + half)
+    return (lo, hi)
 
 
 def _clusters(values: Sequence[Sequence[float]]) -> list[np.ndarray]:

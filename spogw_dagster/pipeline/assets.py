@@ -7,7 +7,9 @@ return a Polars frame (stored by the Parquet IO manager) and attach the metadata
     screened_groups(k)    executor errors and near-duplicates out, groups of n formed and screened by score std
     sharpened_groups(k)   top-t and bottom-t of each kept group with group-normalised advantages
     lora_checkpoint(k)    LoRA adapter trained with the configured objective (ioGRPO + mKL by default)
-    benchmark_report(k)   held-out solve rate of checkpoint k beside π_{k-1} and static baselines
+    benchmark_report(k)   held-out valid / executes / trivial rates, mean reward and answer score of checkpoint k
+                          beside π_{k-1} and static baselines, greedy and k samples per query, with 95%
+                          intervals and the paired difference to π_{k-1} (see heldout.py for the seeds)
 """
 
 import asyncio
@@ -56,24 +58,45 @@ def _md_table(rows: dict[str, Any], head: tuple[str, str] = ("", "count")) -> dg
 
 def _generate(spogw: SpogwResource, adapter: Path | None, problems, *, n: int, temperature: float, seed: int):
     """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
-    from spogw_dagster.types import SamplingParams
-    from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
+    from .heldout import generate_samples
 
-    g = spogw.config().generator
-    prompts = [generator_prompt(p.family, p.question) for p in problems]
-    sampler = spogw.sampler(adapter, seed)
-    try:
-        params = SamplingParams(temperature=temperature, top_p=g.top_p if temperature > 0 else 1.0,
-                                max_tokens=g.max_new_tokens, seed=seed, stop=tuple(GENERATOR_STOP))
-        t0 = time.monotonic()
-        outs = sampler.generate(prompts, params, n=n)
-        dt = time.monotonic() - t0
-    finally:
-        sampler.close()
-    samples = [[tables.Sample(o.text, list(o.token_ids), list(o.logprobs), o.finish_reason) for o in row]
-               for row in outs]
-    ntok = sum(len(s.token_ids) for row in samples for s in row)
-    return prompts, samples, (ntok / dt if dt > 0 else 0.0)
+    return generate_samples(spogw, adapter, problems, n=n, temperature=temperature, seed=seed)
+
+
+def _report_metadata(store, key: str, report: pl.DataFrame, split_info: dict[str, Any], prev_system: str,
+                     prev_reused: bool) -> dict[str, Any]:
+    """The report table, headline numbers, the split used and the learning curve over every stored report."""
+    from .plots import learning_curve_plot
+
+    md: dict[str, Any] = {
+        "report": dg.MetadataValue.md(tables.report_table_text(report)),
+        "split": dg.MetadataValue.json(split_info),
+        "split_ids_sha256": dg.MetadataValue.text(split_info["ids_sha256"]),
+        "previous_system": dg.MetadataValue.text(prev_system),
+        "previous_reused_from_report": dg.MetadataValue.bool(prev_reused),
+        "heldout_queries": dg.MetadataValue.int(split_info["queries"]),
+    }
+    for metric in ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate"):
+        r = tables.metric_row(report, "checkpoint", metric)
+        if r is None:
+            continue
+        md[metric] = dg.MetadataValue.float(round(r["value"], 4))
+        md[f"{metric}_ci95"] = dg.MetadataValue.json([round(r["ci_low"], 4), round(r["ci_high"], 4)])
+        if r["diff_vs_prev"] is not None:
+            md[f"{metric}_diff_vs_previous"] = dg.MetadataValue.json(
+                [round(r["diff_vs_prev"], 4), round(r["diff_ci_low"], 4), round(r["diff_ci_high"], 4)])
+    # the curve over all materialized iterations: stored reports of other partitions plus this one
+    others = [store.read_parquet("benchmark_report", p) for p in store.partitions("benchmark_report") if p != key]
+    # reports written before the long format, or on another split, are not on this curve
+    others = [o for o in others if "metric" in o.columns and set(o["split"].to_list()) == {split_info["split"]}]
+    allrep = pl.concat([*others, report], how="diagonal_relaxed")
+    base = report.filter((pl.col("kind") == "baseline") & (pl.col("mode") == "greedy"))
+    lines: dict[str, dict[str, float]] = {}
+    for r in base.iter_rows(named=True):
+        lines.setdefault(r["metric"], {})[r["system"]] = r["value"]
+    md["learning_curve"] = dg.MetadataValue.md(learning_curve_plot(tables.learning_curve(allrep), baselines=lines))
+    md["iterations_in_curve"] = dg.MetadataValue.int(allrep["iteration"].n_unique())
+    return md
 
 
 def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
@@ -319,14 +342,17 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
                       + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
         return tables.checkpoint_frame(row)
 
-    @dg.asset(**spec("benchmark_report", "Held-out solve rate (95% Wilson interval) and cost of checkpoint k beside "
-                     "π_{k-1} and static baseline workflows (IO, CoT, CoT-SC).", {"python", "parquet"}))
+    @dg.asset(**spec("benchmark_report", "Held-out metrics of checkpoint k beside π_{k-1} (base at k = 0) and "
+                     "static baselines (IO, CoT, CoT-SC): valid, executes and trivial rates, mean ladder reward and "
+                     "answer score with 95% intervals, greedy and over k samples per query, and the paired "
+                     "difference to π_{k-1} on the same queries and seeds (long format: one row per system, mode "
+                     "and metric; per-sample rows in heldout_results).", {"python", "parquet"}))
     def benchmark_report(context: dg.AssetExecutionContext, spogw: SpogwResource,
                          lora_checkpoint: pl.DataFrame) -> pl.DataFrame:
-        from spogw_dagster.evaluation import baseline_workflow
+        from spogw_dagster.evaluation import split_problems
 
+        from . import heldout as ho
         from .catalog import refresh_catalog
-        from .plots import solve_rate_bars
 
         t0 = time.monotonic()
         cfg = spogw.config()
@@ -342,85 +368,51 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
             parent = parent_checkpoint(store, key)
         except MissingCheckpointError as e:
             raise dg.Failure(description=str(e), allow_retries=False) from None
-        problems = spogw.heldout_queries()
-        family = problems[0].family
-        rep = cfg.report
-        gen_seed = derive_seed(rep.seed, "report")
-        this_system = f"spogw@{key}"
-        prev_system = f"spogw@{parent.partition}" if parent else "base"
+        rep, b = cfg.report, cfg.benchmark
+        limit = b.heldout_queries if rep.split == "test" else b.validation_queries
+        try:
+            problems, split_info = split_problems(b.name, rep.split, limit=limit, seed=b.split_seed,
+                                                  path=b.data_path)
+        except ValueError as e:
+            raise dg.Failure(description=f"report.split={rep.split}: {e}", allow_retries=False) from None
+        this = ho.Policy(f"spogw@{key}", "checkpoint", adapter, k, adapter_sha256(adapter))
+        prev = ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256) \
+            if parent else ho.Policy("base", "previous")
+        per_policy = len(problems) * sum(n for _, n, _ in ho.modes(cfg))
 
-        this_sha = adapter_sha256(adapter)
-        # (system, kind, checkpoint iteration, adapter hash, jobs to run or None, reused held-out rows)
-        systems: list[tuple[str, str, int | None, str | None, list[EvalJob] | None, pl.DataFrame | None]] = []
         reused_prev = None
         if parent is not None and store.exists("benchmark_report", parent.partition) \
                 and store.exists("heldout_results", parent.partition):
             reused_prev = tables.reusable_previous(
                 store.read_parquet("benchmark_report", parent.partition),
-                store.read_parquet("heldout_results", parent.partition), prev_system, parent.sha256, cfg.hash, k)
-        to_generate = [(this_system, "checkpoint", k, this_sha, adapter)]
-        if reused_prev is None:
-            to_generate.append((prev_system, "previous", parent.iteration if parent else None,
-                                parent.sha256 if parent else None, parent.path if parent else None))
-        for system, kind, ck, sha, adapter_path in to_generate:
-            _, samples, _ = _generate(spogw, adapter_path, problems, n=1, temperature=rep.temperature, seed=gen_seed)
-            jobs = []
-            for p, row in zip(problems, samples):
-                code, status, err = tables.parse_completion(row[0].text, family)
-                jobs.append(EvalJob(p, code if status == "ok" else None, "" if status == "ok" else status, err,
-                                    tag=code))
-            systems.append((system, kind, ck, sha, jobs, None))
+                store.read_parquet("heldout_results", parent.partition), prev.system, parent.sha256, cfg.hash, k,
+                per_policy)
+        policies = [this] if reused_prev is not None else [this, prev]
         if reused_prev is not None:
-            systems.append((prev_system, "previous", parent.iteration, parent.sha256, None, reused_prev))
-        for method in rep.baselines:
-            code = baseline_workflow(family, method)
-            systems.append((f"baseline:{method}", "baseline", None, None,
-                            [EvalJob(p, code, tag=code) for p in problems], None))
-
-        iso = spogw.isolation()
-        flat = [j for *_, jobs, _ in systems if jobs is not None for j in jobs]
-
-        async def run():
-            async with spogw.executor() as ex:
-                res = await evaluate_jobs(flat, ex.executor, iso, cfg, seed=rep.seed)
-                return res, ex.counters()
-
-        _say(context, f"scoring {len(systems)} systems on {len(problems)} held-out queries"
-                         + (f" ({prev_system} reused from benchmark_report[{parent.partition}])" if reused_prev is not None else ""))
-        results, counters = asyncio.run(run())
-        parts: list[pl.DataFrame] = []
-        i = 0
-        for system, _, _, _, jobs, reused in systems:
-            if jobs is None:
-                parts.append(reused)
-                continue
-            parts.append(tables.heldout_frame(tables.heldout_rows(k, system, results[i:i + len(jobs)],
-                                                                  [j.tag for j in jobs])))
-            i += len(jobs)
-        heldout = pl.concat(parts)
+            _say(context, f"{prev.system} reused from benchmark_report[{parent.partition}] (same adapter and config)")
+        scored = ho.score(spogw, policies, problems, cfg, iteration=k, split=rep.split,
+                          reused=[reused_prev] if reused_prev is not None else [], say=lambda m: _say(context, m))
+        heldout, counters = scored.heldout, scored.counters
         store.write_parquet("heldout_results", key, heldout)
         refresh_catalog(store)
-        report = tables.report_frame([tables.summarize_system(k, s, kind, ck, heldout, cfg.hash, sha)
-                                      for s, kind, ck, sha, _, _ in systems])
-        this = report.filter(pl.col("kind") == "checkpoint").row(0, named=True)
+        report = tables.summarize_heldout(heldout, iteration=k, config_hash=cfg.hash,
+                                          split_ids_sha256=split_info["ids_sha256"],
+                                          resamples=rep.bootstrap_resamples, seed=rep.seed)
         context.add_output_metadata({
             **_common_metadata(cfg, "benchmark_report", t0),
-            "report": dg.MetadataValue.md(tables.report_table_text(report)),
-            "solve_rate": dg.MetadataValue.float(round(this["solve_rate"], 4)),
-            "ci95": dg.MetadataValue.json([this["ci_low"], this["ci_high"]]),
-            "delta_vs_previous": dg.MetadataValue.float(round(this["delta_vs_previous"] or 0.0, 4)),
-            "previous_system": dg.MetadataValue.text(prev_system),
-            "previous_reused_from_report": dg.MetadataValue.bool(reused_prev is not None),
-            "heldout_queries": dg.MetadataValue.int(len(problems)),
-            "plot": dg.MetadataValue.md(solve_rate_bars(report["system"].to_list(), report["solve_rate"].to_list(),
-                                                        report["ci_low"].to_list(), report["ci_high"].to_list())),
+            **_report_metadata(store, key, report, split_info, prev.system, reused_prev is not None),
             "executor_new_calls": dg.MetadataValue.int(counters["new_calls"]),
             "executor_cache_hits": dg.MetadataValue.int(counters["cache_hits"]),
+            "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),
             "heldout_results": dg.MetadataValue.path(str(store.parquet_path("heldout_results", key))),
-            "isolation": dg.MetadataValue.text(iso.kind),
+            "isolation": dg.MetadataValue.text(spogw.isolation().kind),
         })
-        _say(context, " | ".join(f"{r['system']} {r['solve_rate']:.3f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
-                                 for r in report.iter_rows(named=True)) + f"; {time.monotonic() - t0:.1f} s")
+        ans = tables.metric_row(report, "checkpoint", "answer_score")
+        val = tables.metric_row(report, "checkpoint", "valid_rate")
+        _say(context, f"{this.system} ({val['mode']}): valid {val['value']:.3f}, answer {ans['value']:.3f}"
+             + (f", Δ answer vs {prev.system} {ans['diff_vs_prev']:+.3f} [{ans['diff_ci_low']:+.3f}, "
+                f"{ans['diff_ci_high']:+.3f}]" if ans["diff_vs_prev"] is not None else "")
+             + f"; {time.monotonic() - t0:.1f} s")
         return report
 
     return [sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint, benchmark_report]

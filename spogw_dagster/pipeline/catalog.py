@@ -1,6 +1,7 @@
 """The DuckDB catalog: `assets/spogw.duckdb` holds one view per table over that table's Parquet partitions.
 
     duckdb assets/spogw.duckdb "select iteration, status, avg(score) from execution_scores group by all"
+    duckdb assets/spogw.duckdb "select step, mode, metric, value, ci_low, ci_high from learning_curve order by all"
 
 Consistency while a run writes. Atomic renames alone are not enough for DuckDB: a query opens a Parquet
 file more than once (schema and footer when it binds, data when it runs), so a file replaced between the
@@ -48,6 +49,21 @@ def _sql_str(s: str) -> str:
 def view_sql(table: str, files: list[str]) -> str:
     listed = ", ".join(_sql_str(f) for f in files)
     return f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM read_parquet([{listed}], union_by_name = true)"
+
+
+# The checkpoint of every iteration plus the base model (step -1: π_{k-1} of the first report) in the long
+# report format: `select step, mode, metric, value, ci_low, ci_high from learning_curve order by all`.
+LEARNING_CURVE_SQL = """
+CREATE OR REPLACE VIEW learning_curve AS
+SELECT iteration AS step, * FROM benchmark_report WHERE kind = 'checkpoint'
+UNION ALL BY NAME
+SELECT -1 AS step, * FROM benchmark_report
+WHERE kind = 'previous' AND system = 'base' AND iteration = (SELECT min(iteration) FROM benchmark_report)
+"""
+
+
+def _has_column(con, view: str, column: str) -> bool:
+    return column in [r[0] for r in con.execute(f"DESCRIBE {view}").fetchall()]
 
 
 @contextlib.contextmanager
@@ -156,6 +172,10 @@ def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
                     con.execute(view_sql(t, views[t]))
                     con.execute("INSERT INTO catalog_info VALUES (?, ?, ?, ?)",
                                 [t, len(views[t]), str(store.table_dir(t)), time.time()])
+            if views.get("benchmark_report") and _has_column(con, "benchmark_report", "metric"):
+                con.execute(LEARNING_CURVE_SQL)
+                con.execute("INSERT INTO catalog_info VALUES (?, ?, ?, ?)",
+                            ["learning_curve", len(views["benchmark_report"]), "", time.time()])
             con.execute("CHECKPOINT")
         finally:
             con.close()

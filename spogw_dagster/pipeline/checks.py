@@ -9,8 +9,9 @@
     lora_checkpoint    loss_finite_and_adapter_reloads  every loss finite; the adapter reloads with peft and its
                                                         hash matches (blocking: the report never scores a broken
                                                         adapter)
-    benchmark_report   compared_with_previous           the report compares with iteration k-1 (or the base model)
-                                                        and the solve rate fell by at most report.max_regression
+    benchmark_report   compared_with_previous           the report pairs checkpoint k with iteration k-1 (or the base
+                                                        model) and the answer score fell by at most
+                                                        report.max_regression (WARN)
 """
 
 import math
@@ -123,25 +124,35 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, spogw: SpogwR
 
 
 @_ck(asset="benchmark_report",
-     description="The report compares checkpoint k with iteration k-1 and did not regress by more than "
-                 "report.max_regression.")
+     description="The report compares checkpoint k with π_{k-1} on the same queries and seeds, and its answer score "
+                 "did not fall by more than report.max_regression (paired difference, sampled mode when present).")
 def compared_with_previous(benchmark_report: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+    from . import tables
+
     tol = spogw.config().report.max_regression
-    this = benchmark_report.filter(pl.col("kind") == "checkpoint")
-    prev = benchmark_report.filter(pl.col("kind") == "previous")
-    if this.height != 1 or prev.height != 1:
-        return dg.AssetCheckResult(passed=False, description="the report lacks its checkpoint or previous row",
-                                   metadata={"checkpoint_rows": this.height, "previous_rows": prev.height})
-    a, b = this.row(0, named=True), prev.row(0, named=True)
-    delta = a["solve_rate"] - b["solve_rate"]
+    kinds = set(benchmark_report["kind"].to_list()) if "kind" in benchmark_report.columns else set()
+    ans = tables.metric_row(benchmark_report, "checkpoint", "answer_score") if "metric" in benchmark_report.columns \
+        else None
+    if ans is None or "previous" not in kinds or ans["diff_vs_prev"] is None:
+        return dg.AssetCheckResult(passed=False, description="the report lacks its checkpoint or previous rows, "
+                                   "or their paired difference", metadata={"kinds": sorted(kinds)})
+    prev = tables.metric_row(benchmark_report, "previous", "answer_score", ans["mode"])
+    diffs = {}
+    for metric in tables.CURVE_METRICS:
+        r = tables.metric_row(benchmark_report, "checkpoint", metric, ans["mode"])
+        if r is not None and r["diff_vs_prev"] is not None:
+            diffs[metric] = [round(r["diff_vs_prev"], 4), round(r["diff_ci_low"], 4), round(r["diff_ci_high"], 4)]
+    baselines = benchmark_report.filter((pl.col("kind") == "baseline") & (pl.col("metric") == "answer_score"))
     return dg.AssetCheckResult(
-        passed=delta >= -tol, severity=dg.AssetCheckSeverity.WARN,
-        metadata={"this": a["system"], "previous": b["system"], "solve_rate": round(a["solve_rate"], 4),
-                  "previous_solve_rate": round(b["solve_rate"], 4), "delta": round(delta, 4),
-                  "max_regression": tol,
-                  "baselines": dg.MetadataValue.json({r["system"]: round(r["solve_rate"], 4) for r in
-                                                      benchmark_report.filter(pl.col("kind") == "baseline")
-                                                      .iter_rows(named=True)})},
+        passed=ans["diff_vs_prev"] >= -tol, severity=dg.AssetCheckSeverity.WARN,
+        metadata={"this": ans["system"], "previous": prev["system"] if prev else None, "mode": ans["mode"],
+                  "answer_score": round(ans["value"], 4),
+                  "previous_answer_score": round(prev["value"], 4) if prev else None,
+                  "delta": round(ans["diff_vs_prev"], 4),
+                  "delta_ci95": dg.MetadataValue.json([round(ans["diff_ci_low"], 4), round(ans["diff_ci_high"], 4)]),
+                  "max_regression": tol, "paired_differences": dg.MetadataValue.json(diffs),
+                  "baselines": dg.MetadataValue.json({f"{r['system']} ({r['mode']})": round(r["value"], 4)
+                                                      for r in baselines.iter_rows(named=True)})},
     )
 
 

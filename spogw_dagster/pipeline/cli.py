@@ -2,6 +2,10 @@
 
     spogw run [--iterations N] [--profile P | --config FILE] [--assets-dir DIR] [--force]
     spogw catalog [--assets-dir DIR]        rebuild assets/spogw.duckdb (e.g. after moving the folder)
+    spogw evaluate [--split validation|test] [--adapter DIR] [--compare base|DIR] [--samples K] ...
+                                            score the base model or a LoRA adapter (greedy and K samples per
+                                            query, 95% intervals, paired differences to --compare); choose
+                                            settings on the validation split, never on test
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-COMMANDS = ("run", "catalog")
+COMMANDS = ("run", "catalog", "evaluate")
 
 
 def add_pipeline_commands(sub) -> None:
@@ -26,6 +30,30 @@ def add_pipeline_commands(sub) -> None:
     run.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
     cat = sub.add_parser("catalog", help="rebuild the DuckDB catalog of the assets directory")
     cat.add_argument("--assets-dir", default=None)
+    ev = sub.add_parser("evaluate", help="score the base model or a LoRA adapter on the validation (or test) split",
+                        description="Generate workflows for the split's queries from a policy (greedy and K samples "
+                                    "at the training temperature, the report's seeds), execute and score them, and "
+                                    "print valid / executes / trivial rates, mean reward and answer score with 95% "
+                                    "intervals, and the paired difference to --compare. Settings (temperature, lr, "
+                                    "epochs, d, m, ladder weights) are chosen on the validation split.")
+    src = ev.add_mutually_exclusive_group()
+    src.add_argument("--profile", default=None, help="tiny (default), ci or paper")
+    src.add_argument("--config", default=None, help="YAML config file")
+    ev.add_argument("--split", choices=["validation", "test"], default="validation")
+    ev.add_argument("--adapter", default=None, help="LoRA adapter folder to score (default: the base model)")
+    ev.add_argument("--compare", default=None,
+                    help="a second policy for paired differences: 'base' or an adapter folder")
+    ev.add_argument("--samples", type=int, default=None, help="samples per query (default: report.samples)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature (default: report.sample_temperature, else the generator's)")
+    ev.add_argument("--no-greedy", action="store_true", help="skip the greedy mode")
+    ev.add_argument("--limit", type=int, default=None,
+                    help="first N queries of the split (default: benchmark.validation_queries or all for "
+                         "validation, benchmark.heldout_queries for test)")
+    ev.add_argument("--baselines", action="store_true", help="also score the config's static baselines")
+    ev.add_argument("--assets-dir", default=None, help="executor call cache and baseline cache live here")
+    ev.add_argument("--out", default=None, help="write the per-sample rows (heldout_results columns) to this Parquet")
+    ev.add_argument("--json", action="store_true", help="print the report rows as JSON")
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
@@ -40,6 +68,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             refresh_catalog(store, force=True)
             print(f"rebuilt {store.catalog_path}")
             return 0
+        if args.cmd == "evaluate":
+            return evaluate_command(args)
         from .loop import run_loop
 
         if args.iterations is not None and args.iterations < 1:
@@ -50,3 +80,77 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     except ConfigValidationError as e:
         print(f"spogw: {e}", file=sys.stderr)
         return 2
+
+
+def _policy(path: str | None, kind: str):
+    from pathlib import Path
+
+    from .config import ConfigValidationError
+    from .heldout import Policy
+    from .lineage import adapter_sha256
+
+    if path is None or path == "base":
+        return Policy("base", kind)
+    p = Path(path).expanduser().resolve()
+    if not (p / "adapter_model.safetensors").is_file():
+        raise ConfigValidationError(f"{p} holds no adapter_model.safetensors; pass a LoRA adapter folder "
+                                    "(e.g. assets/lora_checkpoint/0001) or 'base'")
+    return Policy(f"adapter:{p.name}", kind, p, None, adapter_sha256(p))
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """`spogw evaluate`: the report's scoring for one policy (and optionally a second one to pair with)."""
+    import json as _json
+    from pathlib import Path
+
+    from spogw_dagster.evaluation import split_problems
+
+    from . import heldout as ho
+    from . import tables
+    from .config import ConfigValidationError
+    from .resources import SpogwResource
+    from .storage import default_assets_dir, write_parquet_atomic
+
+    report: dict = {}
+    if args.samples is not None:
+        report["samples"] = args.samples
+    if args.temperature is not None:
+        report["sample_temperature"] = args.temperature
+    if args.no_greedy:
+        report["greedy"] = False
+    if not args.baselines:
+        report["baselines"] = []
+    report["split"] = args.split
+    root = Path(args.assets_dir).expanduser().resolve() if args.assets_dir else default_assets_dir()
+    spogw = SpogwResource(assets_dir=str(root), profile=args.profile, config_file=args.config,
+                          overrides_json=_json.dumps({"report": report}))
+    cfg = spogw.config()
+    b = cfg.benchmark
+    limit = args.limit if args.limit is not None else (b.heldout_queries if args.split == "test"
+                                                       else b.validation_queries)
+    if limit is not None and limit < 1:
+        raise ConfigValidationError("--limit must be >= 1")
+    try:
+        problems, info = split_problems(b.name, args.split, limit=limit, seed=b.split_seed, path=b.data_path)
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None
+    policies = [_policy(args.adapter, "checkpoint")]
+    if args.compare is not None:
+        policies.append(_policy(args.compare, "previous"))
+        if policies[1].system == policies[0].system:
+            raise ConfigValidationError("--compare names the same policy as --adapter; compare two different ones")
+    print(f"spogw evaluate: {', '.join(p.system for p in policies)} on the {args.split} split of {b.name} "
+          f"({len(problems)} queries, ids sha256 {info['ids_sha256'][:12]}), "
+          f"modes {[(m, n, t) for m, n, t in ho.modes(cfg)]}", file=sys.stderr, flush=True)
+    scored = ho.score(spogw, policies, problems, cfg, iteration=0, split=args.split,
+                      say=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    rep = tables.summarize_heldout(scored.heldout, iteration=0, config_hash=cfg.hash,
+                                   split_ids_sha256=info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
+                                   seed=cfg.report.seed)
+    if args.out:
+        write_parquet_atomic(scored.heldout, Path(args.out).expanduser())
+    if args.json:
+        print(_json.dumps({"split": info, "report": rep.to_dicts()}, default=str))
+    else:
+        print(tables.report_table_text(rep))
+    return 0

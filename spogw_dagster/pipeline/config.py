@@ -64,6 +64,8 @@ class BenchmarkSection(_Section):
     split_seed: int = 0
     train_queries: int = Field(10, ge=1)
     heldout_queries: int = Field(20, ge=1)
+    # the validation split (disjoint from train and test) on which settings are chosen; None: all of it
+    validation_queries: int | None = Field(None, ge=1)
 
     @field_validator("name")
     @classmethod
@@ -217,13 +219,32 @@ class TrainingSection(_Section):
 
 
 class ReportSection(_Section):
-    """The held-out report: one workflow per held-out query from each checkpoint (greedy by default), beside
-    static baselines (AFlow's IO, CoT, CoT-SC written as workflows) and the previous iteration."""
+    """The held-out report: workflows for each query of `split` from checkpoint k and from π_{k-1} (the base
+    model at k = 0), greedy and/or `samples` per query at `sample_temperature` (default: the generator's
+    training temperature), beside static baselines (AFlow's IO, CoT, CoT-SC written as workflows).
+
+    Sample j of every query uses the same sampler seed and executor seed for both policies (paired). Static
+    baselines have no generator: "greedy" is one executor run (seed `seed`, as `spogw baseline`); with
+    `baseline_samples` > 0 they also get a "sampled" mode of that many executor seeds per query (the seeds
+    sample j of the policies uses). `split` is test (held-out) or validation (choose settings there, never
+    on test)."""
 
     baselines: tuple[Literal["io", "cot", "cot_sc"], ...] = ("io", "cot_sc")
-    temperature: float = Field(0.0, ge=0, le=5)
+    split: Literal["test", "validation"] = "test"
+    greedy: bool = True
+    samples: int = Field(4, ge=0, le=256)
+    sample_temperature: float | None = Field(None, gt=0, le=5)
+    baseline_samples: int = Field(0, ge=0, le=256)
+    bootstrap_resamples: int = Field(2000, ge=100)
     seed: int = 0
-    max_regression: float = Field(0.1, ge=0, le=1)  # the check warns when the solve rate drops more
+    max_regression: float = Field(0.1, ge=0, le=1)  # the check warns when the answer score drops more
+
+    @model_validator(mode="after")
+    def _some_mode(self) -> "ReportSection":
+        if not self.greedy and self.samples == 0:
+            raise ValueError("report.greedy is false and report.samples is 0: the report would score nothing; "
+                             "set samples >= 1 or greedy: true")
+        return self
 
 
 class SpogwConfig(BaseModel):
@@ -264,6 +285,11 @@ class SpogwConfig(BaseModel):
 
     # -- conveniences ---------------------------------------------------------------------------
 
+    def report_temperature(self) -> float:
+        """The temperature of the report's sampled mode: report.sample_temperature, else the training one."""
+        t = self.report.sample_temperature
+        return float(self.generator.temperature if t is None else t)
+
     def curation_config(self):
         return self.curation.core()
 
@@ -285,7 +311,7 @@ ASSET_SECTIONS: dict[str, tuple[str, ...]] = {
     "screened_groups": ("curation",),
     "sharpened_groups": ("curation",),
     "lora_checkpoint": ("generator", "training"),
-    "benchmark_report": ("benchmark", "generator", "executor", "execution", "report"),
+    "benchmark_report": ("benchmark", "generator", "executor", "execution", "reward", "report"),
 }
 
 

@@ -181,25 +181,24 @@ def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:
 
 
 def summary_table(store: AssetStore, iterations: int) -> str:
-    """Held-out solve rate per iteration with its 95% interval, beside the previous policy and the baselines."""
+    """Held-out metrics per iteration with 95% intervals (checkpoint, π_{k-1}, baselines; greedy and sampled)
+    and the checkpoint's paired difference to π_{k-1}."""
     import polars as pl
 
     from .partitions import iteration_key
+    from .tables import curve_table_text
 
     rows = []
     for k in range(iterations):
         key = iteration_key(k)
         if store.exists("benchmark_report", key):
-            rows.append(store.read_parquet("benchmark_report", key))
+            rep = store.read_parquet("benchmark_report", key)
+            if "metric" in rep.columns:  # reports written before the long format are skipped
+                rows.append(rep)
     if not rows:
         return "no benchmark_report yet"
     rep = pl.concat(rows, how="diagonal_relaxed")
-    lines = ["held-out scores per iteration", "",
-             f"{'iteration':>9}  {'system':<16} {'kind':<10} {'solve rate':>10}  {'95% CI':<13} {'valid':>5}  "
-             f"{'executor calls (cached)':>23}"]
-    order = pl.col("kind").replace_strict({"checkpoint": 0, "previous": 1, "baseline": 2}, default=3)
-    for r in rep.sort([pl.col("iteration"), order, pl.col("system")]).iter_rows(named=True):
-        lines.append(f"{r['iteration']:>9}  {r['system']:<16} {r['kind']:<10} "
-                     f"{r['solve_rate']:>10.3f}  {r['ci_low']:.3f}-{r['ci_high']:.3f}  {r['valid_rate']:>5.2f}  "
-                     f"{str(r['llm_calls']) + ' (' + str(r['cached_calls']) + ')':>23}")
-    return "\n".join(lines)
+    split = ", ".join(sorted(set(rep["split"].to_list())))
+    return "\n".join([f"held-out scores per iteration ({split} split; 95% intervals: Wilson with the query design "
+                      "effect for rates, query bootstrap for means; Δ: paired bootstrap over queries)", "",
+                      curve_table_text(rep)])

@@ -63,3 +63,42 @@ def solve_rate_bars(systems: Sequence[str], rates: Sequence[float], lows: Sequen
     ax.set_ylabel("solve rate")
     ax.set_title(title, fontsize=9)
     return _png_markdown(fig, title)
+
+
+CURVE_PANELS = (("valid_rate", "valid rate"), ("executes_rate", "executes rate"), ("mean_reward", "mean reward"),
+                ("answer_score", "answer score (solve rate)"))
+
+
+def learning_curve_plot(curve, title: str = "held-out metrics per iteration (95% CI)",
+                        baselines: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """Four panels (valid, executes, mean reward, answer score) over iterations: the checkpoint of each
+    iteration (step -1 = the base model) in the sampled and greedy modes, with 95% intervals; static
+    baselines (`baselines[metric][name]`) as dotted horizontal lines.
+
+    `curve` is `tables.learning_curve(...)` (columns step, mode, metric, value, ci_low, ci_high)."""
+    fig, axes = _figure(8, 5.2)
+    fig.clf()
+    axes = fig.subplots(2, 2, sharex=True)
+    steps = sorted(set(curve["step"].to_list())) if curve.height else []
+    labels = ["base" if s == -1 else str(s) for s in steps]
+    for ax, (metric, name) in zip(axes.flat, CURVE_PANELS):
+        for mode, style in (("sampled", "-o"), ("greedy", "--s")):
+            d = curve.filter((curve["metric"] == metric) & (curve["mode"] == mode)).sort("step")
+            if d.height == 0:
+                continue
+            x = [steps.index(s) for s in d["step"].to_list()]
+            v, lo, hi = d["value"].to_list(), d["ci_low"].to_list(), d["ci_high"].to_list()
+            err = [[max(0.0, a - b) for a, b in zip(v, lo)], [max(0.0, b - a) for a, b in zip(v, hi)]]
+            ax.errorbar(x, v, yerr=err, fmt=style, ms=4, capsize=3, label=mode)
+        for i, (system, val) in enumerate(sorted((baselines or {}).get(metric, {}).items())):
+            ax.axhline(val, ls=":", lw=1, color=f"C{i + 2}", label=system)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xticks(range(len(steps)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    for ax in axes[1]:
+        ax.set_xlabel("iteration (checkpoint)")
+    fig.suptitle(title, fontsize=10)
+    return _png_markdown(fig, title)

@@ -43,7 +43,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "curation": {"m": 8, "n": 5, "t": 2, "g_max": 1, "tau_sim": 0.95, "tau_std": 0.01},
         "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-4, "epochs": 1, "batch_size": 4,
                      "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128},
-        "report": {"baselines": ["io", "cot", "cot_sc"], "temperature": 0.0},
+        # k = 4 samples per held-out query at the training temperature (paired with π_{k-1}) and greedy;
+        # baselines greedy only (one executor run per query, as `spogw baseline`)
+        "report": {"baselines": ["io", "cot", "cot_sc"], "greedy": True, "samples": 4, "baseline_samples": 0},
     },
     "ci": {
         "iterations": 2,
@@ -57,7 +59,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         # π_old from the sampler's recorded log-probs and no after-training pass: two forward passes fewer.
         "training": {"lora_r": 4, "lora_alpha": 8, "learning_rate": 1e-4, "epochs": 1, "batch_size": 4,
                      "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "eval_after": False},
-        "report": {"baselines": ["io"], "temperature": 0.0, "max_regression": 1.0},
+        "report": {"baselines": ["io"], "greedy": True, "samples": 2, "baseline_samples": 1,
+                   "bootstrap_resamples": 200, "max_regression": 1.0},
     },
     "paper": {
         "iterations": 3,
@@ -71,7 +74,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "curation": {"m": 16, "n": 14, "t": 4, "g_max": 120, "tau_sim": 0.95, "tau_std": 0.05},
         "training": {"lora_r": 16, "lora_alpha": 32, "learning_rate": 5e-5, "epochs": 1, "batch_size": 8,
                      "objective": "spogw", "beta": 0.1},
-        "report": {"baselines": ["io", "cot", "cot_sc"], "temperature": 0.0},
+        "report": {"baselines": ["io", "cot", "cot_sc"], "greedy": True, "samples": 8, "baseline_samples": 0},
     },
 }
 

@@ -6,9 +6,7 @@ iterations union cleanly in the DuckDB views.
 
 from __future__ import annotations
 
-import json
 import math
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -249,128 +247,295 @@ def step_curve(steps: Sequence[dict[str, Any]], key: str) -> list[float]:
 
 
 # ------------------------------------------------------------------------------------------------
-# benchmark_report
+# benchmark_report: per-sample held-out rows (heldout_results) and the long-format report
+#
+# A *system* is this checkpoint ("spogw@0001", kind checkpoint), π_{k-1} ("spogw@0000" or "base", kind
+# previous) or a static baseline ("baseline:io", kind baseline); a *mode* is greedy (one workflow per query,
+# sample_idx 0) or sampled (sample_idx 0..k-1 at the training temperature). Sample j of query q has the same
+# sampler call and executor seed for every system, so rows pair on (mode, query_id, sample_idx).
 
 HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
+    "split": pl.String(),  # test | validation
     "system": pl.String(),
+    "kind": pl.String(),  # checkpoint | previous | baseline
+    "mode": pl.String(),  # greedy | sampled
+    "greedy": pl.Boolean(),
     "query_id": pl.String(),
-    "status": pl.String(),
-    "score": pl.Float64(),
+    "sample_idx": pl.Int64(),
+    "seed": pl.Int64(),  # the generator sampler's seed (null for baselines: no generator)
+    "exec_seed": pl.Int64(),  # the executor seed of this sample's runs (same for every system)
+    "temperature": pl.Float64(),  # generator temperature (null for baselines)
+    "parse_status": pl.String(),  # ok | format_error | invalid
+    "status": pl.String(),  # the run's status (ok, runtime_error, ..., or the parse status when rejected)
+    "valid": pl.Boolean(),  # parsed and passed the validator
+    "executes": pl.Float64(),  # share of runs that finished with a result (0 when invalid)
+    "reward": pl.Float64(),  # the configured ladder, as execution_scores.score
+    "answer_score": pl.Float64(),  # the benchmark metric, mean over runs
+    "trivial": pl.Boolean(),  # valid, but calls no operator that produces a solution
+    "finish_reason": pl.String(),
+    "n_tokens": pl.Int64(),  # generated tokens (0 for baselines)
     "llm_calls": pl.Int64(),
     "cached_calls": pl.Int64(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
+    "checkpoint_iteration": pl.Int64(),  # whose checkpoint generated the workflow (null: base / baseline)
+    "adapter_sha256": pl.String(),
     "workflow": pl.String(),
     "error": pl.String(),
 }
 
 REPORT_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
-    "system": pl.String(),  # "spogw@0001", "base", "baseline:io", ...
-    "kind": pl.String(),  # checkpoint | previous | baseline
-    "checkpoint_iteration": pl.Int64(),  # whose checkpoint generated the workflows (null: base / baseline)
-    "adapter_sha256": pl.String(),  # that checkpoint's adapter hash
-    "n": pl.Int64(),
-    "scored": pl.Int64(),
-    "solve_rate": pl.Float64(),
-    "ci_low": pl.Float64(),
+    "split": pl.String(),
+    "system": pl.String(),
+    "kind": pl.String(),
+    "mode": pl.String(),
+    "metric": pl.String(),  # see METRICS
+    "value": pl.Float64(),
+    "ci_low": pl.Float64(),  # 95% interval (null for cost totals)
     "ci_high": pl.Float64(),
-    "valid_rate": pl.Float64(),  # share of queries whose generated workflow parsed and validated
-    "executor_errors": pl.Int64(),
-    "llm_calls": pl.Int64(),
-    "cached_calls": pl.Int64(),
-    "prompt_tokens": pl.Int64(),
-    "completion_tokens": pl.Int64(),
-    "statuses": pl.String(),  # JSON {status: count}
-    "delta_vs_previous": pl.Float64(),  # checkpoint row only
+    "ci_method": pl.String(),  # wilson | wilson_deff | cluster_bootstrap | none
+    "n": pl.Int64(),  # samples scored (executor errors excluded)
+    "n_queries": pl.Int64(),
+    "diff_vs_prev": pl.Float64(),  # mean paired difference to π_{k-1} on the same queries and seeds
+    "diff_ci_low": pl.Float64(),  # paired bootstrap over queries, percentile 95%
+    "diff_ci_high": pl.Float64(),
+    "n_pairs": pl.Int64(),
+    "checkpoint_iteration": pl.Int64(),
+    "adapter_sha256": pl.String(),
     "config_hash": pl.String(),
+    "split_ids_sha256": pl.String(),
 }
 
-
-def heldout_rows(iteration: int, system: str, results: Sequence, workflows: Sequence[str]) -> list[dict[str, Any]]:
-    return [{
-        "iteration": iteration, "system": system, "query_id": r.query_id, "status": r.status.value,
-        "score": float(r.score), "llm_calls": r.usage.llm_calls, "cached_calls": r.usage.cached_calls,
-        "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
-        "workflow": w, "error": (r.error or "")[:1000],
-    } for r, w in zip(results, workflows)]
-
-
-def heldout_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
-    return _frame(list(rows), HELDOUT_SCHEMA)
+# metric -> heldout column; rates get (design-effect) Wilson intervals, means a query bootstrap
+RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rate": "trivial"}
+MEAN_METRICS = {"mean_reward": "reward", "answer_score": "answer_score"}
+COST_METRICS = {"executor_calls": "llm_calls", "cached_calls": "cached_calls", "prompt_tokens": "prompt_tokens",
+                "completion_tokens": "completion_tokens"}
+METRICS = (*RATE_METRICS, *MEAN_METRICS, "executor_errors", *COST_METRICS)
+KIND_ORDER = {"checkpoint": 0, "previous": 1, "baseline": 2}
+# Operators that write a solution from the query; a valid workflow calling none of them returns a constant
+# or re-checks nothing (`return await self.test(solution=False)`): the reward trap of DESIGN.md section 2.
+PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
 
 
-def summarize_system(iteration: int, system: str, kind: str, checkpoint_iteration: int | None,
-                     heldout: pl.DataFrame, config_hash: str, adapter_sha256: str | None = None) -> dict[str, Any]:
-    """A report row from one system's held-out rows: solve rate over scored queries (executor errors
-    excluded) with a 95% Wilson interval, validity and cost."""
-    from spogw_dagster.evaluation import wilson_interval
+def is_trivial(code: str | None, valid: bool) -> bool:
+    """True for a valid workflow with no call of an operator that produces a solution."""
+    if not valid or not code:
+        return False
+    import ast
 
-    rows = heldout.filter(pl.col("system") == system)
-    statuses = rows["status"].to_list()
-    scored = rows.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
-    total = float(scored["score"].sum()) if scored.height else 0.0
-    lo, hi = wilson_interval(total, scored.height)
-    invalid = sum(s in (Status.FORMAT_ERROR.value, Status.INVALID.value) for s in statuses)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in PRODUCING_OPERATORS for n in ast.walk(tree))
+
+
+@dataclass(frozen=True)
+class HeldoutSample:
+    """Where one held-out workflow came from (everything heldout_results records besides the result)."""
+
+    system: str
+    kind: str
+    mode: str
+    query_id: str
+    sample_idx: int
+    seed: int | None
+    exec_seed: int
+    temperature: float | None
+    parse_status: str
+    workflow: str
+    finish_reason: str = ""
+    n_tokens: int = 0
+    checkpoint_iteration: int | None = None
+    adapter_sha256: str | None = None
+
+
+def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: Ladder) -> dict[str, Any]:
+    """One heldout_results row from a sample's origin and its `evaluation.EvalResult`."""
+    valid = s.parse_status == Status.OK.value
+    runs = list(result.run_statuses)
+    answer = float(result.score) if valid else 0.0
     return {
-        "iteration": iteration, "system": system, "kind": kind, "checkpoint_iteration": checkpoint_iteration,
-        "adapter_sha256": adapter_sha256, "n": rows.height, "scored": scored.height,
-        "solve_rate": (total / scored.height) if scored.height else 0.0,
-        "ci_low": round(lo, 4), "ci_high": round(hi, 4),
-        "valid_rate": (1 - invalid / rows.height) if rows.height else 0.0,
-        "executor_errors": rows.height - scored.height,
-        "llm_calls": int(rows["llm_calls"].sum()), "cached_calls": int(rows["cached_calls"].sum()),
-        "prompt_tokens": int(rows["prompt_tokens"].sum()), "completion_tokens": int(rows["completion_tokens"].sum()),
-        "statuses": json.dumps(dict(sorted(Counter(statuses).items()))),
-        "delta_vs_previous": None, "config_hash": config_hash,
+        "iteration": iteration, "split": split, "system": s.system, "kind": s.kind, "mode": s.mode,
+        "greedy": s.mode == "greedy", "query_id": s.query_id, "sample_idx": s.sample_idx, "seed": s.seed,
+        "exec_seed": s.exec_seed, "temperature": s.temperature, "parse_status": s.parse_status,
+        "status": result.status.value, "valid": valid,
+        "executes": (sum(x == Status.OK.value for x in runs) / len(runs)) if runs and valid else 0.0,
+        "reward": ladder_reward(ladder, s.parse_status, runs, answer), "answer_score": answer,
+        "trivial": is_trivial(s.workflow, valid), "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
+        "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
+        "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
+        "checkpoint_iteration": s.checkpoint_iteration, "adapter_sha256": s.adapter_sha256,
+        "workflow": s.workflow, "error": (result.error or "")[:1000],
     }
 
 
+def heldout_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    return _frame(list(rows), HELDOUT_SCHEMA).sort(
+        [pl.col("kind").replace_strict(KIND_ORDER, default=9), "system", "mode", "query_id", "sample_idx"])
+
+
+def relabel(rows: pl.DataFrame, iteration: int, kind: str | None = None) -> pl.DataFrame:
+    """Reused rows (π_{k-1}'s from report k-1, cached baselines) under this report's iteration (and kind)."""
+    out = rows.with_columns(pl.lit(iteration, dtype=pl.Int64()).alias("iteration"))
+    return out.with_columns(pl.lit(kind).alias("kind")) if kind else out
+
+
+def _per_query(rows: pl.DataFrame, col: str) -> list[list[float]]:
+    g = rows.group_by("query_id", maintain_order=True).agg(pl.col(col).cast(pl.Float64()).alias("v"))
+    return [list(v) for v in g.sort("query_id")["v"].to_list()]
+
+
+def _paired(rows: pl.DataFrame, prev: pl.DataFrame, col: str) -> tuple[list[list[float]], list[list[float]]]:
+    """Per-query lists of (this, previous) values over samples present in both, matched on (query, sample)."""
+    j = rows.select("query_id", "sample_idx", pl.col(col).cast(pl.Float64()).alias("a")).join(
+        prev.select("query_id", "sample_idx", pl.col(col).cast(pl.Float64()).alias("b")),
+        on=["query_id", "sample_idx"], how="inner").sort(["query_id", "sample_idx"])
+    g = j.group_by("query_id", maintain_order=True).agg("a", "b")
+    return [list(x) for x in g["a"].to_list()], [list(x) for x in g["b"].to_list()]
+
+
+def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str, split_ids_sha256: str,
+                      resamples: int = 2000, seed: int = 0) -> pl.DataFrame:
+    """The long-format report: one row per (system, mode, metric) with its 95% interval and, for systems
+    other than π_{k-1}, the paired difference to π_{k-1} in the same mode with a paired bootstrap interval.
+
+    Executor-error samples are our infrastructure failing, not the workflow: they are left out of every
+    metric and pair (counted in `executor_errors`)."""
+    from spogw_dagster.core import stats
+
+    out: list[dict[str, Any]] = []
+    scored_all = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
+    for (system, mode), rows in heldout.group_by(["system", "mode"], maintain_order=True):
+        first = rows.row(0, named=True)
+        scored = rows.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
+        prev = scored_all.filter((pl.col("kind") == "previous") & (pl.col("mode") == mode))
+        has_prev = first["kind"] != "previous" and prev.height > 0
+        base = {"iteration": iteration, "split": first["split"], "system": system, "kind": first["kind"],
+                "mode": mode, "n": scored.height, "n_queries": scored["query_id"].n_unique(),
+                "checkpoint_iteration": first["checkpoint_iteration"], "adapter_sha256": first["adapter_sha256"],
+                "config_hash": config_hash, "split_ids_sha256": split_ids_sha256}
+        for metric, col in {**RATE_METRICS, **MEAN_METRICS}.items():
+            clusters = _per_query(scored, col)
+            if metric in RATE_METRICS:
+                v, lo, hi, _ = stats.clustered_wilson(clusters)
+                method = "wilson" if all(len(c) == 1 for c in clusters) else "wilson_deff"
+            else:
+                v, lo, hi = stats.cluster_bootstrap_mean(clusters, resamples=resamples, seed=seed)
+                method = "cluster_bootstrap"
+            row = {**base, "metric": metric, "value": v, "ci_low": lo, "ci_high": hi, "ci_method": method}
+            if has_prev:
+                a, b = _paired(scored, prev, col)
+                if a:
+                    d, dlo, dhi = stats.paired_bootstrap_diff(a, b, resamples=resamples, seed=seed)
+                    row.update(diff_vs_prev=d, diff_ci_low=dlo, diff_ci_high=dhi, n_pairs=sum(map(len, a)))
+            out.append(row)
+        out.append({**base, "metric": "executor_errors", "value": float(rows.height - scored.height),
+                    "ci_method": "none"})
+        for metric, col in COST_METRICS.items():
+            out.append({**base, "metric": metric, "value": float(rows[col].sum()), "ci_method": "none"})
+    return report_frame(out)
+
+
+def report_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
+    order = {m: i for i, m in enumerate(METRICS)}
+    rows = sorted(rows, key=lambda r: (KIND_ORDER.get(r["kind"], 9), r["system"], r["mode"],
+                                       order.get(r["metric"], 99)))
+    return _frame(list(rows), REPORT_SCHEMA)
+
+
+def metric_row(report: pl.DataFrame, kind: str, metric: str, mode: str | None = None) -> dict[str, Any] | None:
+    """The row of `metric` for the (first) system of `kind`, in `mode` (default: sampled if present)."""
+    rows = report.filter((pl.col("kind") == kind) & (pl.col("metric") == metric))
+    if mode is None:
+        mode = "sampled" if rows.filter(pl.col("mode") == "sampled").height else "greedy"
+    rows = rows.filter(pl.col("mode") == mode)
+    return rows.row(0, named=True) if rows.height else None
+
+
 def reusable_previous(prev_report: pl.DataFrame | None, prev_heldout: pl.DataFrame | None, system: str,
-                      adapter_sha256: str, config_hash: str, iteration: int) -> pl.DataFrame | None:
-    """Held-out rows of `system` (checkpoint k-1) from report k-1, relabelled to `iteration`, when they were
-    made with the same config and the same adapter (so generating them again would give the same rows);
-    else None."""
-    if prev_report is None or prev_heldout is None:
+                      adapter_sha256: str, config_hash: str, iteration: int, expected_rows: int) -> pl.DataFrame | None:
+    """Held-out rows of `system` (checkpoint k-1) from report k-1, relabelled to `iteration` as the previous
+    system, when they were made with the same config and adapter (the seeds do not depend on k, so
+    generating them again would give the same rows); else None."""
+    if prev_report is None or prev_heldout is None or "metric" not in prev_report.columns:
         return None
     row = prev_report.filter((pl.col("kind") == "checkpoint") & (pl.col("system") == system))
-    if row.height != 1:
+    if row.height == 0:
         return None
     r = row.row(0, named=True)
     if r["adapter_sha256"] != adapter_sha256 or r["config_hash"] != config_hash:
         return None
     rows = prev_heldout.filter(pl.col("system") == system)
-    if rows.height != r["n"]:
+    if rows.height != expected_rows:
         return None
-    return rows.with_columns(pl.lit(iteration, dtype=pl.Int64()).alias("iteration"))
+    return relabel(rows, iteration, "previous")
 
 
-def report_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
-    """Report rows with delta_vs_previous filled in on the checkpoint row."""
-    rows = [dict(r) for r in rows]
-    prev = next((r for r in rows if r["kind"] == "previous"), None)
-    for r in rows:
-        if r["kind"] == "checkpoint" and prev is not None:
-            r["delta_vs_previous"] = r["solve_rate"] - prev["solve_rate"]
-    order = {"checkpoint": 0, "previous": 1, "baseline": 2}
-    rows.sort(key=lambda r: (order.get(r["kind"], 9), r["system"]))
-    return _frame(rows, REPORT_SCHEMA)
+def _ci(v: float | None, lo: float | None, hi: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "-"
+    f = "+.3f" if signed else ".3f"
+    return f"{v:{f}} [{lo:{f}}, {hi:{f}}]" if lo is not None else f"{v:{f}}"
+
+
+CURVE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate")
 
 
 def report_table_text(report: pl.DataFrame) -> str:
-    """A small fixed-width table for terminals and markdown metadata."""
-    lines = ["| system | kind | solve rate | 95% CI | valid | executor calls (cached) |",
-             "|---|---|---|---|---|---|"]
-    for r in report.iter_rows(named=True):
-        lines.append(f"| {r['system']} | {r['kind']} | {r['solve_rate']:.3f} ({_frac(r)}) | "
-                     f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['valid_rate']:.2f} | "
-                     f"{r['llm_calls']} ({r['cached_calls']}) |")
+    """Markdown: per system and mode the metrics with 95% intervals, then the paired differences."""
+    head = "| system | mode | n | " + " | ".join(CURVE_METRICS) + " | executor calls (cached) |"
+    lines = [head, "|" + "---|" * (len(CURVE_METRICS) + 4)]
+    diffs = []
+    for (system, mode), g in report.group_by(["system", "mode"], maintain_order=True):
+        m = {r["metric"]: r for r in g.iter_rows(named=True)}
+        cells = [_ci(m[x]["value"], m[x]["ci_low"], m[x]["ci_high"]) if x in m else "-" for x in CURVE_METRICS]
+        calls = f"{int(m['executor_calls']['value'])} ({int(m['cached_calls']['value'])})" if "executor_calls" in m else "-"
+        n = m.get("valid_rate", {}).get("n", "-")
+        lines.append(f"| {system} | {mode} | {n} | " + " | ".join(cells) + f" | {calls} |")
+        if any(m[x]["diff_vs_prev"] is not None for x in CURVE_METRICS if x in m):
+            diffs.append(f"| {system} | {mode} | " + " | ".join(
+                _ci(m[x]["diff_vs_prev"], m[x]["diff_ci_low"], m[x]["diff_ci_high"], True) if x in m else "-"
+                for x in CURVE_METRICS) + " |")
+    if diffs:
+        lines += ["", "paired difference to π_{k-1} (same queries and seeds; bootstrap over queries, 95%)", "",
+                  "| system | mode | " + " | ".join(CURVE_METRICS) + " |", "|" + "---|" * (len(CURVE_METRICS) + 2)]
+        lines += diffs
     return "\n".join(lines)
 
 
-def _frac(r: dict[str, Any]) -> str:
-    return f"{r['solve_rate'] * r['scored']:.4g}/{r['scored']}"
+def learning_curve(reports: pl.DataFrame) -> pl.DataFrame:
+    """Checkpoint rows of every iteration plus the base model (π_{-1}, the previous system of iteration 0) as
+    step -1: what the learning-curve plot and `spogw run`'s table read."""
+    ck = reports.filter(pl.col("kind") == "checkpoint").with_columns(pl.col("iteration").alias("step"))
+    base = reports.filter((pl.col("kind") == "previous") & (pl.col("system") == "base")
+                          & (pl.col("iteration") == reports["iteration"].min())) \
+        .with_columns(pl.lit(-1, dtype=pl.Int64()).alias("step"))
+    return pl.concat([base, ck], how="diagonal_relaxed").sort(["step", "mode", "metric"])
+
+
+def curve_table_text(reports: pl.DataFrame) -> str:
+    """`spogw run`'s final table: per iteration and system the held-out metrics with 95% intervals and the
+    checkpoint's paired difference to π_{k-1}."""
+    names = {"valid_rate": "valid", "executes_rate": "executes", "mean_reward": "mean reward",
+             "answer_score": "solve rate"}
+    w = 26
+    lines = [f"{'iter':>4}  {'system':<16} {'mode':<8}" + "".join(f"{v:>{w}}" for v in names.values())]
+    order = pl.col("kind").replace_strict(KIND_ORDER, default=9)
+    for (it, _, system, mode), g in reports.sort(["iteration", order, "system", "mode"]).group_by(
+            ["iteration", order.alias("o"), "system", "mode"], maintain_order=True):
+        m = {r["metric"]: r for r in g.iter_rows(named=True)}
+        lines.append(f"{it:>4}  {system:<16} {mode:<8}" + "".join(
+            f"{_ci(m[x]['value'], m[x]['ci_low'], m[x]['ci_high']) if x in m else '-':>{w}}" for x in names))
+        if g["kind"][0] == "checkpoint" and any(m[x]["diff_vs_prev"] is not None for x in names if x in m):
+            lines.append(f"{'':>4}  {'  Δ vs previous':<16} {mode:<8}" + "".join(
+                f"{_ci(m[x]['diff_vs_prev'], m[x]['diff_ci_low'], m[x]['diff_ci_high'], True) if x in m else '-':>{w}}"
+                for x in names))
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------
