@@ -37,14 +37,19 @@ def per_sample(shared):
 
 
 def _teacher_forced_gap(sampler: TransformersSampler, flat: list[SampleResult], temperature: float) -> float:
-    """Largest |reported - recomputed| over all tokens; recomputed by one full prompt+completion forward per
-    sample (batch 1: no padding, no KV cache), log_softmax(logits / T) of the sampled token."""
-    gap = 0.0
+    """Largest |reported - recomputed| over all tokens; recomputed by full prompt+completion forwards (no KV
+    cache), log_softmax(logits / T) of each sampled token. Samples of one prompt share a forward batch, so
+    prompts are never padded (completions are right-padded, which a causal model cannot see)."""
+    by_prompt: dict[tuple[int, ...], list[SampleResult]] = {}
     for r in flat:
-        (rec,) = score_completions(sampler.model, [r.prompt_token_ids], [r.token_ids],
-                                   sampler.tokenizer.pad_token_id, temperature=temperature, batch_size=1)
-        assert len(rec) == len(r.logprobs)
-        gap = max(gap, max(abs(a - b) for a, b in zip(r.logprobs, rec)))
+        by_prompt.setdefault(tuple(r.prompt_token_ids), []).append(r)
+    gap = 0.0
+    for prompt, rows in by_prompt.items():
+        rec = score_completions(sampler.model, [list(prompt)] * len(rows), [r.token_ids for r in rows],
+                                sampler.tokenizer.pad_token_id, temperature=temperature, batch_size=len(rows))
+        for r, lp in zip(rows, rec):
+            assert len(lp) == len(r.logprobs)
+            gap = max(gap, max(abs(a - b) for a, b in zip(r.logprobs, lp)))
     return gap
 
 
