@@ -146,3 +146,18 @@ def test_cli_run_and_catalog_commands(tmp_path, capsys):
     AssetStore(tmp_path).write_parquet("execution_scores", "0000", pl.DataFrame({"iteration": [0], "score": [1.0]}))
     assert main(["catalog", "--assets-dir", str(tmp_path)]) == 0
     assert (tmp_path / "spogw.duckdb").is_file()
+
+
+def test_cli_evaluate_argument_errors(tmp_path, capsys):
+    from spogw_dagster.cli import main
+
+    a = ["evaluate", "--profile", "ci", "--assets-dir", str(tmp_path)]
+    assert main(a + ["--adapter", str(tmp_path / "missing")]) == 2
+    assert "holds no adapter_model.safetensors" in capsys.readouterr().err
+    assert main(a + ["--limit", "17"]) == 2  # humaneval's validation split has 16 queries
+    assert "the validation split of humaneval has 16" in capsys.readouterr().err
+    assert main(a + ["--samples", "0", "--no-greedy"]) == 2
+    assert "score nothing" in capsys.readouterr().err
+    assert main(a + ["--compare", "base"]) == 2
+    assert "same policy" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing generated, nothing written
