@@ -5,8 +5,8 @@ Seeds, so that the comparison with π_{k-1} is paired:
 - greedy mode: one workflow per query (temperature 0), executed with executor seed `report.seed` (the seed
   `spogw baseline` uses, so greedy baselines reproduce its numbers);
 - sampled mode: one sampler call per policy with n = k, the same prompts in the same order, the same batch
-  size and the same seed `derive_seed(report.seed, "report-sampler")`, so sample j of query q draws the
-  same random numbers under both policies; its runs use executor seed `derive_seed(report.seed,
+  size and the same seed `derive_seed(report.seed, "report-sampler")`, so sample j of query q gets the
+  same per-row seed (the sampler derives it from (seed, query index, j)) under both policies; its runs use executor seed `derive_seed(report.seed,
   "report-exec", j)` for every system, so two policies that write the same workflow get the same result
   (and the second is served from the call cache).
 - static baselines have no generator: greedy = one run at `report.seed`; with `report.baseline_samples` = b

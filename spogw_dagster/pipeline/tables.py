@@ -263,7 +263,10 @@ HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     "greedy": pl.Boolean(),
     "query_id": pl.String(),
     "sample_idx": pl.Int64(),
-    "seed": pl.Int64(),  # the generator sampler's seed (null for baselines: no generator)
+    # the generator sampler call's seed, the same for every policy: one call per policy and mode with the
+    # same prompts in the same order and n, so sample j of query q gets the same per-row seed (the sampler
+    # derives it from (seed, query index, j)) under both policies (null: baselines)
+    "seed": pl.Int64(),
     "exec_seed": pl.Int64(),  # the executor seed of this sample's runs (same for every system)
     "temperature": pl.Float64(),  # generator temperature (null for baselines)
     "parse_status": pl.String(),  # ok | format_error | invalid
