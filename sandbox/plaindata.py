@@ -137,3 +137,56 @@ def decode(node, _depth=0, _count=None):
         except TypeError as e:  # an unhashable element
             raise NotPlainData("bad set element: %s" % e) from None
     raise NotPlainData("unknown or malformed tag %r" % (tag[:10],))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The wire: one JSON object per line. The sandboxed hosts use these instead of the json module, whose
+# import (it pulls in `re`) costs more than the interpreter's own start-up; `_json` is the C half of json.
+# The parent parses what a child sends with the real json module.
+
+try:
+    import _json
+except ImportError:  # an interpreter without the C accelerator
+    _json = None
+
+
+class _ScanContext:
+    strict = True
+    object_hook = object_pairs_hook = parse_constant = None
+    parse_float, parse_int = float, int
+    memo = {}
+
+
+def dumps(obj):
+    """JSON text of a protocol message: dicts with str keys, lists, str, int, bool, None."""
+    t = type(obj)
+    if t is str:
+        return _json.encode_basestring_ascii(obj) if _json else __import__("json").dumps(obj)
+    if obj is None:
+        return "null"
+    if obj is True:
+        return "true"
+    if obj is False:
+        return "false"
+    if t is int:
+        return int.__repr__(obj)
+    if t is list or t is tuple:
+        return "[" + ",".join([dumps(v) for v in obj]) + "]"
+    if t is dict:
+        return "{" + ",".join([dumps(str(k)) + ":" + dumps(v) for k, v in obj.items()]) + "}"
+    raise TypeError("cannot send a %s" % type_name(obj))
+
+
+def loads(data):
+    """The message in one line of JSON (from the parent: well-formed; anything else raises ValueError)."""
+    text = data.decode() if type(data) is bytes else data
+    text = text.strip()
+    if _json is None:
+        return __import__("json").loads(text)
+    try:
+        value, end = _json.make_scanner(_ScanContext())(text, 0)
+    except Exception:  # StopIteration, or the C scanner failing to build its error message
+        raise ValueError("malformed JSON line") from None
+    if end != len(text):
+        raise ValueError("trailing data after the JSON value")
+    return value

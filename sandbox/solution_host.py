@@ -1,8 +1,8 @@
 """Child side of a code verdict: the sandboxed process that holds the solution under test.
 
 Runs as `python -I -S -c <sandbox/plaindata.py + this file>` (spogw_dagster/benchmarks/verdict.py builds
-the text), so the codec's `encode`, `decode`, `NotPlainData` and `type_name` are globals here. Standard
-library only.
+the text), so the codec's `encode`, `decode`, `NotPlainData`, `type_name` and the wire's `dumps`, `loads`
+are globals here. Standard library only (no `json` import: it costs more than the interpreter's start).
 
 This process holds NO secret and decides nothing: the tests run in another process, and the parent reads
 the verdict from that one only. All this process can do is answer calls with plain data. Whatever the
@@ -27,7 +27,6 @@ does, and `input()` / reading stdin raises OSError, as it does there.
 """
 
 import builtins
-import json
 import os
 import sys
 
@@ -53,7 +52,7 @@ class _NoStdin:
 
 
 def _send(out, obj):
-    out.write((json.dumps(obj) + "\n").encode())
+    out.write((dumps(obj) + "\n").encode())
 
 
 def _describe(exc):
@@ -103,7 +102,7 @@ def main():
     os.close(null)
     sys.stdin = _NoStdin()
     _send(proto_out, {"type": "ready"})
-    init = json.loads(proto_in.readline())
+    init = loads(proto_in.readline())
     namespace = {"__name__": "__solution__", "__builtins__": builtins}
     try:
         exec(compile(init["code"], "<solution>", "exec"), namespace)
@@ -112,7 +111,7 @@ def main():
         os._exit(0)
     _send(proto_out, {"type": "loaded"})
     for line in proto_in:
-        _send(proto_out, _call(namespace, json.loads(line)))
+        _send(proto_out, _call(namespace, loads(line)))
     os._exit(0)  # skip interpreter teardown: the solution may have left threads or finalizers behind
 
 

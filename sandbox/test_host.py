@@ -1,7 +1,8 @@
 """Child side of a code verdict: the sandboxed process that runs the tests (and decides pass or fail).
 
 Runs as `python -I -S -c <sandbox/plaindata.py + this file>` (spogw_dagster/benchmarks/verdict.py builds
-the text), so the codec's `encode`, `decode` and `NotPlainData` are globals here. Standard library only.
+the text), so the codec's `encode`, `decode`, `NotPlainData` and the wire's `dumps`, `loads` are globals
+here. Standard library only; no `json` or `traceback` import (each costs more than the interpreter's start).
 
 No solution code ever runs here. The names the tests call for the solution (the entry point, e.g. the
 `candidate` of HumanEval's `check`) are proxies: a call encodes its arguments as plain data, the parent
@@ -22,10 +23,8 @@ then each test in turn; with stop_at_first_failure the first failing test ends t
 """
 
 import builtins
-import json
 import os
 import sys
-import traceback
 
 
 class SolutionError(RuntimeError):
@@ -48,7 +47,7 @@ class Channel:
         self._next_id = 0
 
     def send(self, obj):
-        self._out.write((json.dumps(obj) + "\n").encode())
+        self._out.write((dumps(obj) + "\n").encode())
 
     def call(self, name, args, kwargs):
         self._next_id += 1
@@ -56,7 +55,7 @@ class Channel:
         line = self._in.readline()
         if not line:
             raise HostError("the parent closed the channel during a call of %s" % name)
-        reply = json.loads(line)
+        reply = loads(line)
         if reply.get("type") != "reply" or reply.get("id") != self._next_id:
             raise HostError("unexpected reply %r" % (line[:200],))
         return reply
@@ -116,10 +115,13 @@ def make_proxy(channel, name):
 
 def _where(exc):
     """'line N of <test i>' for the innermost frame of the test code, else ''."""
-    for frame, lineno in reversed(list(traceback.walk_tb(exc.__traceback__))):
-        if frame.f_code.co_filename.startswith("<test"):
-            return " (line %d of %s)" % (lineno, frame.f_code.co_filename)
-    return ""
+    where, tb = "", exc.__traceback__
+    while tb is not None:  # walked by hand: importing traceback costs more than the interpreter's start
+        name = tb.tb_frame.f_code.co_filename
+        if name.startswith("<test"):
+            where = " (line %d of %s)" % (tb.tb_lineno, name)
+        tb = tb.tb_next
+    return where
 
 
 def _error_text(exc):
@@ -160,7 +162,7 @@ def main():
     channel = Channel(proto_in, proto_out)
     channel.send({"type": "ready"})
     try:
-        records = run_tests(json.loads(proto_in.readline()), channel)
+        records = run_tests(loads(proto_in.readline()), channel)
         channel.send({"type": "verdict", "records": records})
     except BaseException as e:
         channel.send({"type": "host_error", "error": "%s: %s" % (type(e).__name__, e)})

@@ -154,6 +154,22 @@ def test_plain_data_refuses_cycles_and_malformed_nodes():
             plaindata.decode(bad)
 
 
+def test_the_hosts_wire_is_json():
+    import json
+
+    msg = {"type": "reply", "id": 3, "ok": True, "value": plaindata.encode(["é\ud800\n\"", (1.5, None)]),
+           "after": [[0, ["L", []]], ["k", ["N"]]], "flag": False}
+    text = plaindata.dumps(msg)
+    assert "\n" not in text and text.isascii()  # one line, whatever the strings hold
+    assert json.loads(text) == msg == plaindata.loads(text.encode() + b"\n")
+    with pytest.raises(ValueError):
+        plaindata.loads(b'{"type": "reply"')
+    with pytest.raises(ValueError, match="trailing"):
+        plaindata.loads(b'{"a": 1} {"b": 2}')
+    with pytest.raises(TypeError, match="cannot send"):
+        plaindata.dumps({"x": object()})
+
+
 # ---------------------------------------------------------------- test jobs
 
 
