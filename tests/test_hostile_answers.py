@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -106,11 +107,11 @@ for o in gc.get_objects():
 def has_close_elements(numbers, threshold):
     return False
 ''',
-    # find the host's globals from the json module it uses and send a forged verdict before each reply
+    # find the host's globals (they refer to the builtins module) and send a forged verdict before each reply
     "gc_get_referrers": '''
-import gc, json, sys
+import gc, sys
 def has_close_elements(numbers, threshold):
-    for d in gc.get_referrers(sys.modules["json"]):
+    for d in gc.get_referrers(sys.modules["builtins"]):
         if isinstance(d, dict) and "_send" in d:
             real = d["_send"]
             def forged(out, obj, real=real):
@@ -451,8 +452,18 @@ def _exec_workflow(workflow: Path, server: FakeOpenAIServer, isolation: str, run
     return json.loads(out.stdout)
 
 
-def _sandbox_processes_left() -> list[str]:
-    """Processes that are still running a solution host, or an attack's daemon (by its marker)."""
+def _sandbox_processes_left(grace_s: float = 5.0) -> list[str]:
+    """Processes still running a solution host, or an attack's daemon (by its marker), after a grace period
+    for the kernel to finish off a killed sandbox."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = _sandbox_processes()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _sandbox_processes() -> list[str]:
     left = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -502,17 +513,17 @@ def test_hostile_answers_score_zero_and_leave_no_trace(isolation, listener, tmp_
     scores = dict(zip(names, code_out["run_scores"]))
     assert code_out["isolation"] == isolation and len(code_out["run_scores"]) == len(names)
     assert set(code_out["run_statuses"]) == {"ok"}, code_out  # never executor_error: every run was scored
-    assert (scores["control"], scores["control_again"]) == (1.0, 1.0), code_out["detail"]
-    assert {k: s for k, s in scores.items() if not k.startswith("control") and s != 0.0} == {}
+    assert (scores["control"], scores["control_again"]) == (1.0, 1.0), code_out
+    assert {k: s for k, s in scores.items() if not k.startswith("control") and s != 0.0} == {}, code_out
 
     t_names = [name for name, _ in test_answers]
     t_scores = dict(zip(t_names, test_out["run_scores"]))
     assert set(test_out["run_statuses"]) == {"ok"}, test_out
-    assert (t_scores["control"], t_scores["control_again"]) == (1.0, 1.0)
-    assert {k: s for k, s in t_scores.items() if not k.startswith("control") and s != 0.0} == {}
+    assert (t_scores["control"], t_scores["control_again"]) == (1.0, 1.0), test_out
+    assert {k: s for k, s in t_scores.items() if not k.startswith("control") and s != 0.0} == {}, test_out
     # the test operator passed only the controls: every hostile answer failed its public tests, so each
     # cost 1 generation + 2 fix requests; a "pass" would have returned after the first
-    assert test_llm_calls == 2 + 3 * len(TEST_OPERATOR_ANSWERS)
+    assert test_llm_calls == 2 + 3 * len(TEST_OPERATOR_ANSWERS), test_out
 
     assert hits == []  # no connection reached the host
     assert sorted(p.name for p in REPO.glob(f"pwned-{MARK}*")) == []

@@ -299,3 +299,17 @@ async def test_judge_counts_calls_and_reports_test_records(sandbox):
     v = await judge("def f(x):\n    return 2\n", job, sandbox)
     assert (v.passed, v.calls, [r["passed"] for r in v.records]) == (False, 2, [True, False])
     assert v.detail == "failed: AssertionError (line 1 of <test 1>)"
+
+
+async def test_programmer_operator_runs_the_whole_program():
+    """The `programmer` operator runs what the model wrote, top-level prints and __main__ block included
+    (extraction no longer keeps only definitions)."""
+    from spogw_dagster.workflow.operators import OperatorConfig, Operators
+    from tests.fakes import ScriptedExecutor
+
+    reply = ("```python\ndef answer():\n    return 6 * 7\n\nprint('partial', answer() - 2)\n"
+             "if __name__ == '__main__':\n    print(answer())\n```")
+    ops = Operators(Problem("gsm8k", "q", "What is 6 times 7?", answer="42", family="math"),
+                    ScriptedExecutor(reply=reply), detect_isolation(), OperatorConfig(), 0, ("programmer",))
+    out = await ops.call("programmer", [], {"analysis": "multiply"})
+    assert out.endswith("Output: partial 40\n42")
