@@ -13,6 +13,7 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,8 @@ from spogw_dagster.types import Status
 from tests.test_isolation_seccomp import CLONE_NEWNET, CLONE_NEWUSER, NUMBERS, PROGRAM, SIGCHLD
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16)
+REPO = str(Path(__file__).resolve().parents[1])
+HOME = os.path.expanduser("~/.cache")
 OUR_CONTAINERS = f"spogw-{os.getpid()}-"  # spawn names each container spogw-<parent pid>-<random>
 
 
@@ -79,13 +82,13 @@ async def test_container_sees_only_read_only_host_paths_and_its_own_tmp(iso):
             "print(os.getuid(), sorted(os.environ), os.getcwd())\n"
             "print(writable('/sandbox/runner.py'), writable('/usr/x'), writable(sys.executable + '.x'),"
             " writable('/etc/x'), writable('/x'), writable('/tmp/x'))\n"
-            "print(os.path.isfile('/sandbox/runner.py'), os.path.exists('/root/.ssh'), os.path.exists('/work'))\n")
+            f"print(os.path.isfile('/sandbox/runner.py'), os.path.exists({REPO!r}), os.path.exists({HOME!r}))\n")
     res = await run_code(prog, iso, LIMITS)
     assert res.status == Status.OK, (res.error, res.stderr[-500:])
     ident, writes, seen = res.stdout.splitlines()
     assert ident.startswith("65534 ") and "/tmp" in ident and "KEY" not in ident
     assert writes == "False False False False False True"  # only the tmpfs
-    assert seen == "True False False"  # sandbox/*.py is mounted; the home and the repository are not
+    assert seen == "True False False"  # sandbox/*.py is mounted at /sandbox; the repository and the home are not
 
 
 async def test_namespaces_mounts_io_uring_and_tracing_are_denied_inside_the_container(iso):
