@@ -12,7 +12,9 @@ paths), which is also what `--network none` plus our own interpreter assume.
 
 No registry is needed: `build_image` imports the skeleton as a local base image (`docker import`, cached
 by a tag that hashes the skeleton) and builds sandbox/Dockerfile FROM it. `spogw sandbox build-image`
-runs it; it is idempotent and takes about a second.
+runs it; it is idempotent: a few seconds the first time (5 s under load here), 0.25 s when up to date.
+Measured start cost under load (load average ~10 on 2 cores): run_code('pass') median 0.5 s in docker
+against 0.08 s under bwrap, most of it runc starting the container (create ~0.05 s, start ~0.5 s).
 
 Every container runs with --network none, a read-only root, all capabilities dropped, no-new-privileges,
 a non-root uid, pids/memory/cpu limits, rlimits, a size-capped tmpfs at /tmp, no log driver (output goes
