@@ -267,6 +267,17 @@ async def test_module_runs_like_the_official_harness(sandbox):
     assert d.detail == "failed: timeout: loading the solution took longer than 3.0s"
 
 
+async def test_top_level_statements_run_when_the_solution_loads(sandbox):
+    code = (
+        "try:\n    from math import gcd\nexcept ImportError:\n    def gcd(a, b):\n        return a\n\n"
+        "TABLE = {}\nfor i in range(3):\n    TABLE[i] = i * i\n\nSEEN = set()\nSEEN.update([1, 2])\n\n"
+        "f = lambda x: TABLE[x] + len(SEEN) + gcd(4, 6)\n"
+    )
+    # f(2) = TABLE[2] + len(SEEN) + gcd(4, 6) = 4 + 2 + 2
+    d = await score_code(_problem("assert f(2) == 8\nassert f(0) == 4\n"), f"```python\n{code}```", sandbox)
+    assert d.detail == "passed"
+
+
 async def test_arguments_that_are_not_plain_data_fail_the_test(sandbox):
     d = await score_code(_problem("assert f(len) == 1\n"), "def f(g):\n    return 1\n", sandbox)
     assert d.score == 0.0 and "argument 1 of f: a builtin_function_or_method is not plain data" in d.detail
