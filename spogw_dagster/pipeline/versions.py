@@ -19,12 +19,15 @@ ASSET_CODE: dict[str, list[str]] = {
     "sampled_workflows": ["core/sampling.py", "models.py", "workflow/template.py", "workflow/parser.py",
                           "pipeline/lineage.py"],
     "execution_scores": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
-                         "pipeline/rewards.py", "pipeline/resources.py", "@sandbox/*.py"],
+                         "seccomp.py", "docker_sandbox.py", "pipeline/rewards.py", "pipeline/resources.py",
+                         "@sandbox/*.py"],
     "screened_groups": ["core/curation.py", "core/config.py"],
     "sharpened_groups": ["core/curation.py", "core/config.py"],
-    "lora_checkpoint": ["core/trainer.py", "core/objectives.py", "core/logprobs.py", "core/config.py", "models.py"],
+    "lora_checkpoint": ["core/trainer.py", "core/objectives.py", "core/logprobs.py", "core/config.py", "models.py",
+                        "pipeline/adapters.py", "fsutil.py"],
     "benchmark_report": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
-                         "core/sampling.py", "models.py", "pipeline/resources.py", "@sandbox/*.py"],
+                         "seccomp.py", "docker_sandbox.py", "core/sampling.py", "core/stats.py", "models.py",
+                         "pipeline/heldout.py", "pipeline/rewards.py", "pipeline/resources.py", "@sandbox/*.py"],
 }
 
 
