@@ -175,12 +175,60 @@ def _row_generator(seed: int, device):
     return g
 
 
-def _cache_from_layers(layers):
-    """A fresh `DynamicCache` holding these (keys, values); the tensors are not modified in place (the cache
-    grows by concatenation), so a prompt's cache can seed many batches."""
+def _cache_from_layers(layers, room: int = 0):
+    """A fresh `DynamicCache` holding copies of these (keys, values), so a prompt's cache can seed many
+    batches. With `room` > 0 each layer preallocates space for that many more tokens and writes new ones in
+    place, instead of concatenating (copying the whole cache) at every decoding step."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    if room <= 0:
+        return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    cache = DynamicCache()
+    cache.layers = [_buffered_layer(k, v, room) for k, v in layers]
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+def _buffered_layer(keys, values, room: int):
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        """A `DynamicLayer` whose keys/values are views into a buffer with room to grow in place."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            B, H, L, D = keys.shape
+            self.buf_k = keys.new_empty((B, H, L + room, D))
+            self.buf_v = values.new_empty((B, H, L + room, values.shape[-1]))
+            self.buf_k[:, :, :L] = keys
+            self.buf_v[:, :, :L] = values
+            self.used = L
+            self.device, self.dtype = keys.device, keys.dtype
+            self.is_initialized = True
+            self._views()
+
+        def _views(self) -> None:
+            self.keys = self.buf_k[:, :, : self.used]
+            self.values = self.buf_v[:, :, : self.used]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            n = key_states.shape[-2]
+            if self.used + n > self.buf_k.shape[-2]:  # out of room: grow like a DynamicLayer
+                self.buf_k = torch.cat([self.buf_k[:, :, : self.used], key_states], dim=-2)
+                self.buf_v = torch.cat([self.buf_v[:, :, : self.used], value_states], dim=-2)
+            else:
+                self.buf_k[:, :, self.used : self.used + n] = key_states
+                self.buf_v[:, :, self.used : self.used + n] = value_states
+            self.used += n
+            self._views()
+            return self.keys, self.values
+
+        def batch_select_indices(self, indices) -> None:
+            self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
+            self._views()
+
+    return BufferedLayer()
 
 
 def _cache_kwarg_name(model) -> str:
@@ -497,7 +545,7 @@ class TransformersSampler:
             att = torch.zeros((B, L), dtype=torch.long, device=self.device)
             for r, n in enumerate(lens):
                 att[r, L - n :] = 1
-        cache = _cache_from_layers(layers)
+        cache = _cache_from_layers(layers, room=p.max_tokens)
         pos = torch.as_tensor(lens, dtype=torch.long, device=self.device)  # next position of each row
         logits = torch.stack([s.last_logits for s in states])
 
