@@ -28,6 +28,7 @@ Two layouts give the same numbers (the same model function; fp32 rounding differ
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import inspect
 from typing import Sequence
 
@@ -195,7 +196,12 @@ def build_batch(
 def _cache_argument(model) -> str:
     """transformers 5.x renamed `past_key_values` to `cache` (the old name works until 5.40)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return _cache_argument_of(type(base))
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument_of(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _rows_cache(prompt_cache, row_prompt: torch.Tensor):
