@@ -139,6 +139,70 @@ def decode(node, _depth=0, _count=None):
     raise NotPlainData("unknown or malformed tag %r" % (tag[:10],))
 
 
+def checked(node):
+    """`node` itself, once it is known that `decode(node)` succeeds; NotPlainData (or RecursionError) if not.
+
+    For the parent, which relays what one sandboxed process sends to the other: it accepts exactly what
+    `decode` accepts, in time linear in the node, but builds no set or dict. Building one costs quadratic time
+    when its elements' hashes collide (ints i * (2**61 - 1) all hash alike), and the sender picks them: 30,000
+    such ints in a 1 MB reply held the parent's event loop for ~10 s, so that other verdicts in flight timed
+    out. The receiving process, sandboxed and time-limited, builds the values (and pays for that)."""
+    _check(node, 0, [0])
+    return node
+
+
+def _check(node, depth, count):
+    """Validate like decode (same node count, depth and payload rules); returns whether the value is hashable."""
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise NotPlainData("more than %d values" % MAX_NODES)
+    if type(node) is not list or not node or type(node[0]) is not str:
+        raise NotPlainData("not a tagged value")
+    tag, n = node[0], len(node)
+    if tag == "N" and n == 1:
+        return True
+    if tag == "B" and n == 2 and type(node[1]) is bool:
+        return True
+    if tag == "I" and n == 2:
+        _hex_int(node[1])
+        return True
+    if tag == "F" and n == 2:
+        _hex_float(node[1])
+        return True
+    if tag == "C" and n == 3:
+        complex(_hex_float(node[1]), _hex_float(node[2]))
+        return True
+    if tag == "S" and n == 2 and type(node[1]) is str:
+        return True
+    if tag == "Y" and n == 2 and type(node[1]) is str:
+        try:
+            bytes.fromhex(node[1])
+        except ValueError:
+            raise NotPlainData("bad bytes payload") from None
+        return True
+    if tag in ("L", "T", "E", "R", "D") and n == 2 and type(node[1]) is list:
+        if depth >= MAX_DEPTH:
+            raise NotPlainData("containers nested deeper than %d" % MAX_DEPTH)
+        if tag == "D":
+            for pair in node[1]:
+                if type(pair) is not list or len(pair) != 2:
+                    raise NotPlainData("bad dict item")
+                hashable_key = _check(pair[0], depth + 1, count)
+                _check(pair[1], depth + 1, count)
+                if not hashable_key:
+                    raise NotPlainData("bad dict key: unhashable type")
+            return False
+        hashable = [_check(v, depth + 1, count) for v in node[1]]
+        if tag == "L":
+            return False
+        if tag == "T":
+            return all(hashable)
+        if not all(hashable):
+            raise NotPlainData("bad set element: unhashable type")
+        return tag == "R"
+    raise NotPlainData("unknown or malformed tag %r" % (tag[:10],))
+
+
 # ---------------------------------------------------------------------------------------------------
 # The wire: one JSON object per line. The sandboxed hosts use these instead of the json module, whose
 # import (it pulls in `re`) costs more than the interpreter's own start-up; `_json` is the C half of json.

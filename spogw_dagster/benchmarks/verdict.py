@@ -9,10 +9,12 @@ the same process). Here:
   test process     (sandbox/test_host.py)       runs the tests (HumanEval's `check`, MBPP's asserts, the
                                                 `test` operator's public tests) with a proxy in place of
                                                 each solution function, and reports the verdict;
-  parent           (this module)                relays each call: decodes the solution's answer strictly
-                                                (sandbox/plaindata.py, exact builtin types only), re-encodes
-                                                it, and hands it to the test process; reads the verdict from
-                                                the test process only.
+  parent           (this module)                relays each call: checks the solution's answer strictly
+                                                (sandbox/plaindata.py `checked`: exactly what `decode` takes,
+                                                exact builtin types only, in linear time, building no set or
+                                                dict whose colliding hashes would stall this event loop) and
+                                                hands it to the test process, which builds the values; reads
+                                                the verdict from the test process only.
 
 Both processes start through `isolation.spawn` with the caller's `Limits` (bwrap, docker or none), each
 with its own rlimits, cgroup and (bwrap as root) uid. An always-equal object, an int subclass whose __eq__
@@ -326,9 +328,9 @@ class _Relay:
         call_id, name = msg.get("id"), msg.get("name")
         if name not in self.job.names or not isinstance(msg.get("args"), list) or not isinstance(msg.get("kwargs"), dict):
             raise ScoringInfrastructureError(f"malformed call from the test process: {str(msg)[:200]}")
-        try:  # canonical re-encoding: what reaches the solution is exactly what the tests passed
-            args = [plaindata.encode(plaindata.decode(a)) for a in msg["args"]]
-            kwargs = {str(k): plaindata.encode(plaindata.decode(v)) for k, v in msg["kwargs"].items()}
+        try:  # validated, not rebuilt (plaindata.checked: no set or dict is built in this process)
+            args = [plaindata.checked(a) for a in msg["args"]]
+            kwargs = {str(k): plaindata.checked(v) for k, v in msg["kwargs"].items()}
         except (plaindata.NotPlainData, RecursionError) as e:
             raise ScoringInfrastructureError(f"malformed arguments from the test process: {e}") from None
         await self._loaded
@@ -356,13 +358,13 @@ class _Relay:
                 raise _Failed(("unserialisable result: " if kind == "unserialisable" else "") + error)
             raise _Failed(f"the solution's process sent a malformed reply to call {self.calls} of {name}")
         try:
-            value = plaindata.encode(plaindata.decode(reply.get("value")))
+            value = plaindata.checked(reply.get("value"))
             after = []
             for item in reply.get("after") or []:
                 key, node = item
                 if not ((type(key) is int and 0 <= key < n_args) or (type(key) is str and key in kw_names)):
                     raise plaindata.NotPlainData("bad argument key")
-                after.append([key, plaindata.encode(plaindata.decode(node))])
+                after.append([key, plaindata.checked(node)])
         except (plaindata.NotPlainData, RecursionError, TypeError, ValueError) as e:
             raise _Failed(f"malformed answer to call {self.calls} of {name}: {e}") from None
         return {"type": "reply", "ok": True, "value": value, "after": after}
