@@ -209,9 +209,10 @@ class _RunningBatch:
     """The rows decoded together: per-layer KV buffers [B, H, capacity, D] with `used` columns filled,
     row b's valid columns [start_b, used) (left-padded), room to write the next tokens in place.
 
-    Rows join with their prompt's cache copied in right-aligned at `used` (everything shifts right when
-    a longer prompt joins), leave by index selection, and left columns no running row needs are cut
-    away, so the width stays near the longest prompt + max_tokens however many rows pass through.
+    A row that ends leaves its slot empty (None) for one step; a joining row takes it over in place, its
+    prompt's cache copied in right-aligned at `used` (everything shifts right when a longer prompt joins);
+    slots nobody takes are removed by index selection. Left columns no running row needs are cut away,
+    so the width stays near the longest prompt + max_tokens however many rows pass through.
     """
 
     def __init__(self, room: int) -> None:
@@ -229,6 +230,20 @@ class _RunningBatch:
         need = max(r.state.length for r in joining)
         if need > self.used:
             self._relayout(shift=need - self.used, cut=0)
+        dead = [a for a, r in enumerate(self.rows) if r is None]
+        for a, r in zip(dead, joining):  # reuse the slots of rows that ended: no copy of the whole cache
+            L = r.state.length
+            for li, (k, v) in enumerate(r.state.layers):
+                self.k[li][a].zero_()
+                self.v[li][a].zero_()
+                self.k[li][a, :, self.used - L : self.used] = k[0]
+                self.v[li][a, :, self.used - L : self.used] = v[0]
+            r.start, r.pos = self.used - L, L
+            self.logits[a] = r.state.last_logits
+            self.rows[a] = r
+        joining = joining[len(dead) :]
+        if not joining:
+            return
         layers0 = joining[0].state.layers
         fresh = not self.k
         cap = self.used + self.room if fresh else self.k[0].shape[2]
@@ -250,11 +265,17 @@ class _RunningBatch:
         for r in joining:
             r.start, r.pos = self.used - r.state.length, r.state.length
         new_logits = torch.stack([r.state.last_logits for r in joining])
-        self.logits = new_logits if self.logits is None or not self.rows else torch.cat([self.logits, new_logits])
+        self.logits = new_logits if fresh else torch.cat([self.logits, new_logits])
         self.rows.extend(joining)
 
+    def drop_ended(self) -> None:
+        """Remove the slots of rows that ended (a copy of the cache: done only when no row can take them)."""
+        live = [a for a, r in enumerate(self.rows) if r is not None]
+        if len(live) < len(self.rows):
+            self.keep(live)
+
     def keep(self, idx: list[int]) -> None:
-        """Keep only rows `idx` (batch positions) after a sampling step."""
+        """Keep only rows `idx` (batch positions)."""
         import torch
 
         t = torch.as_tensor(idx, dtype=torch.long, device=self.logits.device)
@@ -269,7 +290,7 @@ class _RunningBatch:
 
     def prepare_step(self) -> None:
         """Room for one more column; cut the left columns that no running row uses any more."""
-        cut = min(r.start for r in self.rows)
+        cut = min(r.start for r in self.rows if r is not None)
         if cut >= 64 or self.used + 1 > self.k[0].shape[2]:
             self._relayout(shift=0, cut=cut)
 
@@ -283,26 +304,30 @@ class _RunningBatch:
                 new[:, :, shift:width] = old[:, :, cut : self.used]
                 bufs[li] = new
         for r in self.rows:
-            r.start += shift - cut
+            if r is not None:
+                r.start += shift - cut
         self.used = width
 
     def next_tokens(self):
         import torch
 
-        return torch.as_tensor([r.toks[-1] for r in self.rows], dtype=torch.long, device=self.logits.device)
+        toks = [r.toks[-1] if r is not None else 0 for r in self.rows]
+        return torch.as_tensor(toks, dtype=torch.long, device=self.logits.device)
 
     def positions(self):
         import torch
 
-        return torch.as_tensor([r.pos for r in self.rows], dtype=torch.long, device=self.logits.device)
+        pos = [r.pos if r is not None else 0 for r in self.rows]
+        return torch.as_tensor(pos, dtype=torch.long, device=self.logits.device)
 
     def attention_mask(self):
         """[B, used + 1] (the cached columns and the token being fed), or None when nothing is padded."""
         import torch
 
-        if all(r.start == 0 for r in self.rows):
+        starts_list = [r.start if r is not None else 0 for r in self.rows]
+        if not any(starts_list):
             return None
-        starts = torch.as_tensor([r.start for r in self.rows], device=self.logits.device)
+        starts = torch.as_tensor(starts_list, device=self.logits.device)
         cols = torch.arange(self.used + 1, device=self.logits.device)
         return (cols[None, :] >= starts[:, None]).long()
 
@@ -318,7 +343,8 @@ class _RunningBatch:
     def advance(self, logits) -> None:
         self.used += 1
         for r in self.rows:
-            r.pos += 1
+            if r is not None:
+                r.pos += 1
         self.logits = logits
 
 
@@ -578,8 +604,8 @@ class TransformersSampler:
         """One prefill per distinct prompt, its KV cache reused by all its rows (see the class docstring).
 
         Rows are decoded in a running batch of up to `batch_size`: a row that ends leaves it and the next
-        pending row joins at once (its first token comes from its prompt's prefill logits), so the batch
-        stays full instead of waiting for its longest row. `rows` is sorted by prompt length, so a
+        pending row takes its slot at the next step (its first token comes from its prompt's prefill
+        logits), so the batch stays full instead of waiting for its longest row. `rows` is sorted by prompt length, so a
         prompt's rows are consecutive and its prefill is dropped once its last row has joined.
         """
         import collections
@@ -592,7 +618,8 @@ class TransformersSampler:
         run = _RunningBatch(room=p.max_tokens)
         while pending or run.rows:
             joining = []
-            while pending and len(run.rows) + len(joining) < self.batch_size:
+            free = self.batch_size - sum(r is not None for r in run.rows)
+            while pending and len(joining) < free:
                 i, j = pending.popleft()
                 if keys[i] not in states:
                     states[keys[i]] = self._prefill(encoded[i], prefix)
@@ -605,10 +632,15 @@ class TransformersSampler:
                     r.state = None
                 for k in [k for k in states if remaining[k] == 0]:
                     del states[k]
+            run.drop_ended()
+            if not run.rows:
+                continue
             finished = self._sample_step(run, p)
             for r in finished:
                 out[r.i][r.j] = self._result(r.toks, r.lps, r.prompt_ids, r.reason, p)
-            if run.rows:
+            if not pending:
+                run.drop_ended()
+            if any(r is not None for r in run.rows):
                 run.prepare_step()
                 att = run.attention_mask()
                 with torch_no_grad():
@@ -619,7 +651,8 @@ class TransformersSampler:
                 run.advance(o.logits[:, -1])
 
     def _sample_step(self, run: "_RunningBatch", p: SamplingParams) -> list["_Row"]:
-        """Draw one token for every running row from `run.logits`; returns the rows that ended (removed)."""
+        """Draw one token for every running row from `run.logits`; returns the rows that ended (their slots
+        become None; the caller refills or drops them)."""
         import torch
 
         s = run.logits.float()
@@ -635,24 +668,24 @@ class TransformersSampler:
 
                 s = TopPLogitsWarper(top_p=p.top_p)(None, s)
             probs = torch.softmax(s, dim=-1)
-            nxt = torch.cat([torch.multinomial(probs[a], 1, generator=r.gen) for a, r in enumerate(run.rows)])
+            nxt = torch.cat([torch.multinomial(probs[a], 1, generator=r.gen) if r is not None else probs.new_zeros(1, dtype=torch.long)
+                             for a, r in enumerate(run.rows)])
         picked = logp.gather(1, nxt.view(-1, 1)).squeeze(1).tolist()
         window = max((len(x) for x in p.stop), default=0) + 8
-        keep, finished = [], []
+        finished = []
         for a, (r, t, lp) in enumerate(zip(run.rows, nxt.tolist(), picked)):
+            if r is None:
+                continue
             r.toks.append(t)
             r.lps.append(lp)
             if t in self.eos_ids or (
                 p.stop and any(x in self.tokenizer.decode(r.toks[-window:], skip_special_tokens=True) for x in p.stop)
             ):
                 r.reason = "stop"
-                finished.append(r)
-            elif len(r.toks) >= p.max_tokens:
-                finished.append(r)
-            else:
-                keep.append(a)
-        if finished:
-            run.keep(keep)
+            elif len(r.toks) < p.max_tokens:
+                continue
+            finished.append(r)
+            run.rows[a] = None
         return finished
 
     def _forward(self, cache=None, **kw):
