@@ -55,6 +55,12 @@ _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re
 _PY_LANGS = {"", "python", "py", "python3", "py3"}
 _CODE_START = re.compile(r"^(?:def |async def |class |import |from \S+ import |@)", re.M)
 _MAX_TRIM_LINES = 200
+# What parsing or compiling untrusted text may raise: besides syntax errors, RecursionError ("maximum recursion
+# depth exceeded during ast construction / compilation": a deep expression, e.g. 1+1+...+1 with ~3,000 terms)
+# and MemoryError (the parser's own stack limit, e.g. ~6,000 nested `not`). Their threshold depends on how deep
+# the caller's Python stack is, so text that parsed in the `code_generate` operator can fail when scored: it
+# must score 0 (unparsable), never escape as an exception (which ended the whole exec-workflow command).
+_UNPARSABLE = (SyntaxError, ValueError, RecursionError, MemoryError)
 
 
 def _fenced_blocks(text: str) -> list[str]:
@@ -100,7 +106,7 @@ def _parse_prefix(src: str) -> tuple[str, ast.Module] | None:
         chunk = "\n".join(lines[:cut])
         try:
             return chunk, ast.parse(chunk)
-        except (SyntaxError, ValueError):
+        except _UNPARSABLE:
             continue
     return None
 
@@ -113,7 +119,7 @@ def _parse_lenient(src: str) -> tuple[str, ast.Module] | None:
         chunk = "\n".join(lines)
         try:
             return chunk, ast.parse(chunk)
-        except (SyntaxError, ValueError) as e:
+        except _UNPARSABLE as e:
             k = (getattr(e, "lineno", None) or 0) - 1
             if 0 <= k < len(lines) and lines[k].strip() and not lines[k][0].isspace() and not _CODE_START.match(lines[k]):
                 lines[k] = ""
@@ -198,7 +204,7 @@ def solution_code(problem: Problem, text: str) -> str:
 def _has_body(code: str, name: str) -> bool:
     try:
         tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         return False
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
@@ -212,7 +218,7 @@ def _has_body(code: str, name: str) -> bool:
 def _code_defines(code: str, name: str) -> bool:
     try:
         return _defines(ast.parse(code), name)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         return False
 
 
@@ -235,7 +241,7 @@ def _names_in(code: str) -> tuple[set[str], set[str]]:
     """(names the code reads, names it binds anywhere: assignments, defs, imports, parameters)."""
     try:
         tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         return set(), set()
     read, bound = set(), set()
     for n in ast.walk(tree):
@@ -257,7 +263,7 @@ def _solution_names(problem: Problem, solution: str, test_code: str) -> tuple[st
     `abs` must not decide what `abs(candidate(x) - y) < 1e-6` says."""
     try:
         solution_binds = _bound_at_top(ast.parse(solution).body)
-    except (SyntaxError, ValueError):
+    except _UNPARSABLE:
         solution_binds = set()
     read, bound = _names_in(test_code)
     _, preamble_binds = _names_in(_preamble(problem))
@@ -309,7 +315,7 @@ def _unrunnable(problem: Problem, code: str) -> ScoreDetail | None:
         return ScoreDetail(0.0, "no code found in the answer")
     try:
         compile(code, "<solution>", "exec")
-    except (SyntaxError, ValueError) as e:
+    except _UNPARSABLE as e:
         return ScoreDetail(0.0, f"syntax error: {getattr(e, 'msg', e)}", code[:2000])
     ep = problem.entry_point
     if ep and not _code_defines(code, ep) and not _code_defines(_preamble(problem), ep):
