@@ -10,6 +10,10 @@ spogw_dagster/benchmarks/verdict.py, sandbox/plaindata.py), beyond tests/test_ho
    timed out and scored 0 (and a long enough stall turns a sandbox start into an infrastructure error).
 3. `plaindata.checked` (what the parent now uses) accepts exactly what `plaindata.decode` accepts.
 4. Nothing that holds the hidden tests is readable from the solution's process (xfail: see the reason).
+5. Answers too deep for the parent's own parser (RecursionError / MemoryError from ast.parse or compile)
+   score 0; near the AST depth limit, where the threshold depends on the caller's stack depth, such an
+   answer once ended `spogw exec-workflow` with a traceback (and in the pipeline, asyncio.gather in
+   resources.evaluate_jobs, the whole batch).
 """
 
 from __future__ import annotations
@@ -17,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
