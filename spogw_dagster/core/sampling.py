@@ -175,204 +175,60 @@ def _row_generator(seed: int, device):
     return g
 
 
-def torch_no_grad():
-    import torch
-
-    return torch.no_grad()
-
-
-def _cache_from_layers(layers):
-    """A fresh `DynamicCache` holding these (keys, values); the cache grows by concatenation, never in
-    place, so a shared prefix's tensors can seed every prompt's prefill."""
+def _cache_from_layers(layers, room: int = 0):
+    """A fresh `DynamicCache` holding copies of these (keys, values), so a prompt's cache can seed many
+    batches. With `room` > 0 each layer preallocates space for that many more tokens and writes new ones in
+    place, instead of concatenating (copying the whole cache) at every decoding step."""
     from transformers import DynamicCache
 
-    return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    if room <= 0:
+        return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
+    cache = DynamicCache()
+    cache.layers = [_buffered_layer(k, v, room) for k, v in layers]
+    cache.layer_class_to_replicate = None
+    return cache
 
 
-@dataclass
-class _Row:
-    """One sample being decoded: (prompt i, sample j), its generator and what it has drawn so far."""
-
-    i: int
-    j: int
-    prompt_ids: list[int]
-    state: "_PromptState | None"  # its prompt's prefill, until it has joined the running batch
-    gen: Any
-    toks: list[int] = field(default_factory=list)
-    lps: list[float] = field(default_factory=list)
-    reason: str = "length"
-    start: int = 0  # first valid column of its KV row (left padding before it)
-    pos: int = 0  # position id of its next token
-
-
-class _RunningBatch:
-    """The rows decoded together: per-layer KV buffers [B, H, capacity, D] with `used` columns filled,
-    row b's valid columns [start_b, used) (left-padded), room to write the next tokens in place.
-
-    A row that ends leaves its slot empty (None) for one step; a joining row takes it over in place, its
-    prompt's cache copied in right-aligned at `used` (everything shifts right when a longer prompt joins);
-    slots nobody takes are removed by index selection. Left columns no running row needs are cut away,
-    so the width stays near the longest prompt + max_tokens however many rows pass through.
-    """
-
-    def __init__(self, room: int) -> None:
-        self.room = max(1, int(room))
-        self.rows: list[_Row] = []
-        self.k: list[Any] = []
-        self.v: list[Any] = []
-        self.used = 0
-        self.logits: Any = None
-        self._next: Any = None
-
-    def admit(self, joining: list[_Row]) -> None:
-        import torch
-
-        need = max(r.state.length for r in joining)
-        if need > self.used:
-            self._relayout(shift=need - self.used, cut=0)
-        dead = [a for a, r in enumerate(self.rows) if r is None]
-        for a, r in zip(dead, joining):  # reuse the slots of rows that ended: no copy of the whole cache
-            L = r.state.length
-            for li, (k, v) in enumerate(r.state.layers):
-                self.k[li][a].zero_()
-                self.v[li][a].zero_()
-                self.k[li][a, :, self.used - L : self.used] = k[0]
-                self.v[li][a, :, self.used - L : self.used] = v[0]
-            r.start, r.pos = self.used - L, L
-            self.logits[a] = r.state.last_logits
-            self.rows[a] = r
-        joining = joining[len(dead) :]
-        if not joining:
-            return
-        layers0 = joining[0].state.layers
-        fresh = not self.k
-        cap = self.used + self.room if fresh else self.k[0].shape[2]
-        for li in range(len(layers0)):
-            _, H, _, Dk = layers0[li][0].shape
-            Dv = layers0[li][1].shape[-1]
-            nk = layers0[li][0].new_zeros((len(joining), H, cap, Dk))
-            nv = layers0[li][1].new_zeros((len(joining), H, cap, Dv))
-            for b, r in enumerate(joining):
-                L = r.state.length
-                nk[b, :, self.used - L : self.used] = r.state.layers[li][0][0]
-                nv[b, :, self.used - L : self.used] = r.state.layers[li][1][0]
-            if not fresh:
-                self.k[li] = torch.cat([self.k[li], nk], dim=0)
-                self.v[li] = torch.cat([self.v[li], nv], dim=0)
-            else:
-                self.k.append(nk)
-                self.v.append(nv)
-        for r in joining:
-            r.start, r.pos = self.used - r.state.length, r.state.length
-        new_logits = torch.stack([r.state.last_logits for r in joining])
-        self.logits = new_logits if fresh else torch.cat([self.logits, new_logits])
-        self.rows.extend(joining)
-
-    def drop_ended(self) -> None:
-        """Remove the slots of rows that ended (a copy of the cache: done only when no row can take them)."""
-        live = [a for a, r in enumerate(self.rows) if r is not None]
-        if len(live) < len(self.rows):
-            self.keep(live)
-
-    def keep(self, idx: list[int]) -> None:
-        """Keep only rows `idx` (batch positions)."""
-        import torch
-
-        t = torch.as_tensor(idx, dtype=torch.long, device=self.logits.device)
-        self.rows = [self.rows[a] for a in idx]
-        self.logits = self.logits[t]
-        self._next = None
-        if not self.rows:
-            self.k, self.v, self.used, self.logits = [], [], 0, None
-            return
-        self.k = [x[t] for x in self.k]
-        self.v = [x[t] for x in self.v]
-
-    def prepare_step(self) -> None:
-        """Room for one more column; cut the left columns that no running row uses any more."""
-        cut = min(r.start for r in self.rows if r is not None)
-        if cut >= 64 or self.used + 1 > self.k[0].shape[2]:
-            self._relayout(shift=0, cut=cut)
-
-    def _relayout(self, shift: int, cut: int) -> None:
-        """Move columns [cut, used) to start at `shift` in fresh buffers with `room` spare columns."""
-        width = self.used - cut + shift
-        for li in range(len(self.k)):
-            for bufs in (self.k, self.v):
-                old = bufs[li]
-                new = old.new_zeros((old.shape[0], old.shape[1], width + self.room, old.shape[3]))
-                new[:, :, shift:width] = old[:, :, cut : self.used]
-                bufs[li] = new
-        for r in self.rows:
-            if r is not None:
-                r.start += shift - cut
-        self.used = width
-
-    def next_tokens(self):
-        import torch
-
-        toks = [r.toks[-1] if r is not None else 0 for r in self.rows]
-        return torch.as_tensor(toks, dtype=torch.long, device=self.logits.device)
-
-    def positions(self):
-        import torch
-
-        pos = [r.pos if r is not None else 0 for r in self.rows]
-        return torch.as_tensor(pos, dtype=torch.long, device=self.logits.device)
-
-    def attention_mask(self):
-        """[B, used + 1] (the cached columns and the token being fed), or None when nothing is padded."""
-        import torch
-
-        starts_list = [r.start if r is not None else 0 for r in self.rows]
-        if not any(starts_list):
-            return None
-        starts = torch.as_tensor(starts_list, device=self.logits.device)
-        cols = torch.arange(self.used + 1, device=self.logits.device)
-        return (cols[None, :] >= starts[:, None]).long()
-
-    def cache(self):
-        """A `DynamicCache` over the buffers whose layers write the new column in place."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        cache.layers = [_in_place_layer(k, v, self.used) for k, v in zip(self.k, self.v)]
-        cache.layer_class_to_replicate = None
-        return cache
-
-    def advance(self, logits) -> None:
-        self.used += 1
-        for r in self.rows:
-            if r is not None:
-                r.pos += 1
-        self.logits = logits
-
-
-def _in_place_layer(buf_k, buf_v, used: int):
+def _buffered_layer(keys, values, room: int):
+    import torch
     from transformers.cache_utils import DynamicLayer
 
-    class InPlaceLayer(DynamicLayer):
-        """A `DynamicLayer` over preallocated buffers: new keys/values are written at column `used` instead
-        of concatenated (which would copy the whole cache at every step)."""
+    class BufferedLayer(DynamicLayer):
+        """A `DynamicLayer` whose keys/values are views into a buffer with room to grow in place."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.buf_k, self.buf_v, self.used = buf_k, buf_v, used
-            self.device, self.dtype = buf_k.device, buf_k.dtype
+            B, H, L, D = keys.shape
+            self.buf_k = keys.new_empty((B, H, L + room, D))
+            self.buf_v = values.new_empty((B, H, L + room, values.shape[-1]))
+            self.buf_k[:, :, :L] = keys
+            self.buf_v[:, :, :L] = values
+            self.used = L
+            self.device, self.dtype = keys.device, keys.dtype
             self.is_initialized = True
-            self.keys, self.values = buf_k[:, :, :used], buf_v[:, :, :used]
+            self._views()
+
+        def _views(self) -> None:
+            self.keys = self.buf_k[:, :, : self.used]
+            self.values = self.buf_v[:, :, : self.used]
 
         def update(self, key_states, value_states, *args, **kwargs):
             n = key_states.shape[-2]
-            if self.used + n > self.buf_k.shape[2]:
-                raise RuntimeError("KV buffer full: _RunningBatch.prepare_step must run before each forward")
-            self.buf_k[:, :, self.used : self.used + n] = key_states
-            self.buf_v[:, :, self.used : self.used + n] = value_states
+            if self.used + n > self.buf_k.shape[-2]:  # out of room: grow like a DynamicLayer
+                self.buf_k = torch.cat([self.buf_k[:, :, : self.used], key_states], dim=-2)
+                self.buf_v = torch.cat([self.buf_v[:, :, : self.used], value_states], dim=-2)
+            else:
+                self.buf_k[:, :, self.used : self.used + n] = key_states
+                self.buf_v[:, :, self.used : self.used + n] = value_states
             self.used += n
-            self.keys, self.values = self.buf_k[:, :, : self.used], self.buf_v[:, :, : self.used]
+            self._views()
             return self.keys, self.values
 
-    return InPlaceLayer()
+        def batch_select_indices(self, indices) -> None:
+            self.buf_k, self.buf_v = self.buf_k[indices], self.buf_v[indices]
+            self._views()
+
+    return BufferedLayer()
 
 
 def _cache_kwarg_name(model) -> str:
@@ -603,90 +459,26 @@ class TransformersSampler:
     ) -> None:
         """One prefill per distinct prompt, its KV cache reused by all its rows (see the class docstring).
 
-        Rows are decoded in a running batch of up to `batch_size`: a row that ends leaves it and the next
-        pending row takes its slot at the next step (its first token comes from its prompt's prefill
-        logits), so the batch stays full instead of waiting for its longest row. `rows` is sorted by prompt length, so a
-        prompt's rows are consecutive and its prefill is dropped once its last row has joined.
+        `rows` is sorted by prompt length, so a prompt's rows are consecutive and its cache is dropped as
+        soon as the batch holding its last row is done (at most about two batches' prompts are alive).
         """
-        import collections
-
         keys = [tuple(x) for x in encoded]
-        remaining = collections.Counter(keys[i] for i, _ in rows)  # rows of each prompt not yet admitted
+        batches = [rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
+        last_batch = {keys[i]: b for b, chunk in enumerate(batches) for i, _ in chunk}
         prefix = self._shared_prefix(sorted(set(keys)))
         states: dict[tuple[int, ...], _PromptState] = {}
-        pending = collections.deque(rows)
-        run = _RunningBatch(room=p.max_tokens)
-        while pending or run.rows:
-            joining = []
-            free = self.batch_size - sum(r is not None for r in run.rows)
-            while pending and len(joining) < free:
-                i, j = pending.popleft()
+        for b, chunk in enumerate(batches):
+            for i, _ in chunk:
                 if keys[i] not in states:
                     states[keys[i]] = self._prefill(encoded[i], prefix)
-                joining.append(_Row(i, j, encoded[i], states[keys[i]],
-                                    _row_generator(_derive_seed(seed, i, j), self.device)))
-                remaining[keys[i]] -= 1
-            if joining:
-                run.admit(joining)
-                for r in joining:
-                    r.state = None
-                for k in [k for k in states if remaining[k] == 0]:
-                    del states[k]
-            run.drop_ended()
-            if not run.rows:
-                continue
-            finished = self._sample_step(run, p)
-            for r in finished:
-                out[r.i][r.j] = self._result(r.toks, r.lps, r.prompt_ids, r.reason, p)
-            if not pending:
-                run.drop_ended()
-            if any(r is not None for r in run.rows):
-                run.prepare_step()
-                att = run.attention_mask()
-                with torch_no_grad():
-                    o = self._forward(
-                        input_ids=run.next_tokens().view(-1, 1), attention_mask=att,
-                        position_ids=run.positions().view(-1, 1), cache=run.cache(), use_cache=True,
-                    )
-                run.advance(o.logits[:, -1])
-
-    def _sample_step(self, run: "_RunningBatch", p: SamplingParams) -> list["_Row"]:
-        """Draw one token for every running row from `run.logits`; returns the rows that ended (their slots
-        become None; the caller refills or drops them)."""
-        import torch
-
-        s = run.logits.float()
-        greedy = p.temperature == 0
-        if not greedy:
-            s = s / p.temperature
-        logp = torch.log_softmax(s, dim=-1)  # the recorded convention: before top-p
-        if greedy:
-            nxt = s.argmax(dim=-1)
-        else:
-            if p.top_p < 1.0:
-                from transformers import TopPLogitsWarper
-
-                s = TopPLogitsWarper(top_p=p.top_p)(None, s)
-            probs = torch.softmax(s, dim=-1)
-            nxt = torch.cat([torch.multinomial(probs[a], 1, generator=r.gen) if r is not None else probs.new_zeros(1, dtype=torch.long)
-                             for a, r in enumerate(run.rows)])
-        picked = logp.gather(1, nxt.view(-1, 1)).squeeze(1).tolist()
-        window = max((len(x) for x in p.stop), default=0) + 8
-        finished = []
-        for a, (r, t, lp) in enumerate(zip(run.rows, nxt.tolist(), picked)):
-            if r is None:
-                continue
-            r.toks.append(t)
-            r.lps.append(lp)
-            if t in self.eos_ids or (
-                p.stop and any(x in self.tokenizer.decode(r.toks[-window:], skip_special_tokens=True) for x in p.stop)
-            ):
-                r.reason = "stop"
-            elif len(r.toks) < p.max_tokens:
-                continue
-            finished.append(r)
-            run.rows[a] = None
-        return finished
+            gens = [_row_generator(_derive_seed(seed, i, j), self.device) for i, j in chunk]
+            res = self._decode(
+                [states[keys[i]] for i, _ in chunk], [encoded[i] for i, _ in chunk], gens, p
+            )
+            for (i, j), r in zip(chunk, res):
+                out[i][j] = r
+            for k in [k for k, last in last_batch.items() if last == b]:
+                states.pop(k, None)
 
     def _forward(self, cache=None, **kw):
         """Forward with a KV cache; transformers 5.x renamed `past_key_values` to `cache` along the way."""
@@ -727,6 +519,89 @@ class TransformersSampler:
         cache = _output_cache(o)
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         return _PromptState(list(ids), layers, o.logits[0, -1].float())
+
+    def _decode(
+        self, states: list["_PromptState"], prompt_ids: list[list[int]], gens, p: SamplingParams
+    ) -> list[SampleResult]:
+        """Decode one batch of rows from their prompts' caches; a row leaves the batch when it ends."""
+        import torch
+
+        B = len(states)
+        lens = [s.length for s in states]
+        L = max(lens)
+        if all(s is states[0] for s in states):  # one prompt: expand its cache, no padding, no mask
+            layers = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in states[0].layers]
+            att = None
+        else:  # several prompts: left-pad each cache to L; the mask hides the pads
+            layers = []
+            for li in range(len(states[0].layers)):
+                k0 = states[0].layers[li][0]
+                K = k0.new_zeros((B, k0.shape[1], L, k0.shape[3]))
+                V = torch.zeros_like(K)
+                for r, s in enumerate(states):
+                    K[r, :, L - s.length :] = s.layers[li][0][0]
+                    V[r, :, L - s.length :] = s.layers[li][1][0]
+                layers.append((K, V))
+            att = torch.zeros((B, L), dtype=torch.long, device=self.device)
+            for r, n in enumerate(lens):
+                att[r, L - n :] = 1
+        cache = _cache_from_layers(layers, room=p.max_tokens)
+        pos = torch.as_tensor(lens, dtype=torch.long, device=self.device)  # next position of each row
+        logits = torch.stack([s.last_logits for s in states])
+
+        greedy = p.temperature == 0
+        top_p = None
+        if not greedy and p.top_p < 1.0:
+            from transformers import TopPLogitsWarper
+
+            top_p = TopPLogitsWarper(top_p=p.top_p)
+        window = max((len(s) for s in p.stop), default=0) + 8
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        reason = ["length"] * B
+        active = list(range(B))  # batch position -> row
+        for step in range(p.max_tokens):
+            s = logits.float()
+            if not greedy:
+                s = s / p.temperature
+            logp = torch.log_softmax(s, dim=-1)  # the recorded convention: before top-p
+            if greedy:
+                nxt = s.argmax(dim=-1)
+            else:
+                if top_p is not None:
+                    s = top_p(None, s)
+                probs = torch.softmax(s, dim=-1)
+                nxt = torch.cat([torch.multinomial(probs[a], 1, generator=gens[r]) for a, r in enumerate(active)])
+            picked = logp.gather(1, nxt.view(-1, 1)).squeeze(1).tolist()
+            keep = []
+            for a, (r, t, lp) in enumerate(zip(active, nxt.tolist(), picked)):
+                toks[r].append(t)
+                lps[r].append(lp)
+                if t in self.eos_ids or (
+                    p.stop and any(x in self.tokenizer.decode(toks[r][-window:], skip_special_tokens=True) for x in p.stop)
+                ):
+                    reason[r] = "stop"
+                else:
+                    keep.append(a)
+            if not keep or step == p.max_tokens - 1:
+                break
+            if len(keep) < len(active):
+                idx = torch.as_tensor(keep, device=self.device)
+                cache.batch_select_indices(idx)
+                nxt, pos = nxt[idx], pos[idx]
+                att = att[idx] if att is not None else None
+                active = [active[a] for a in keep]
+            if att is not None:
+                att = torch.cat([att, att.new_ones((len(active), 1))], dim=1)
+            with torch.no_grad():
+                o = self._forward(
+                    input_ids=nxt.view(-1, 1), attention_mask=att, position_ids=pos.view(-1, 1),
+                    cache=cache, use_cache=True,
+                )
+            cache = _output_cache(o)
+            pos = pos + 1
+            logits = o.logits[:, -1]
+        return [self._result(toks[r], lps[r], prompt_ids[r], reason[r], p) for r in range(B)]
 
 
 # --------------------------------------------------------------------------------------------------
