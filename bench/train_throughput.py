@@ -177,7 +177,10 @@ def shared_prompt_case(args) -> None:
             train_lora(make_examples(2), warm, Path(d) / f"warm-{shared}", reuse_existing=False)
         for name, shared in (("shared-prompt", True), ("per-row", False)):
             cfg = TrainConfig.from_dict({**base, "shared_prompt": shared})
-            s = train_lora(rows, cfg, Path(d) / name, reuse_existing=False).stats
+            marks: list[float] = []  # process CPU time at the end of each step (robust on a busy machine)
+            s = train_lora(rows, cfg, Path(d) / name, reuse_existing=False,
+                           log=lambda st: marks.append(time.process_time())).stats
+            s["cpu_seconds_after_first_step"] = marks[-1] - marks[0]
             res[name] = s
             sm = s["summary"]
             per_step = sm["train_seconds"] / sm["optimizer_steps"]
@@ -187,6 +190,10 @@ def shared_prompt_case(args) -> None:
     new, old = res["shared-prompt"]["summary"], res["per-row"]["summary"]
     losses = [(a["loss"], b["loss"]) for a, b in zip(res["shared-prompt"]["steps"], res["per-row"]["steps"])]
     print(f"max |loss difference| over the steps: {max(abs(a - b) for a, b in losses):.2e}")
+    cpu_new, cpu_old = res["shared-prompt"]["cpu_seconds_after_first_step"], res["per-row"]["cpu_seconds_after_first_step"]
+    if cpu_new > 0:
+        print(f"process CPU seconds of the steps after the first: shared-prompt {cpu_new:.1f}, per-row {cpu_old:.1f} "
+              f"(ratio {cpu_old / cpu_new:.2f}; wall time is noisy when other processes share the cores)")
     print(f"RATIO shared-prompt/per-row = {old['train_seconds'] / new['train_seconds']:.2f}")
     print(f"RATIO shared-prompt/per-row precompute = {old['precompute_seconds'] / new['precompute_seconds']:.2f}")
 
