@@ -1,7 +1,8 @@
 """Shared-prompt forward (each distinct prompt once, its KV cache expanded to its rows) against the per-row
 forward, on the real bundled model with a LoRA on q/k/v: the same loss, LoRA gradients and log-probs for every
 objective, with left-padded prompts of different lengths, right-padded completions of different lengths and a
-micro-batch that interleaves two prompts. Also: batching by prompt, and the no-grad passes."""
+micro-batch that interleaves two prompts. (Batching by prompt, the no-grad passes and a whole run with the flag
+on and off: tests/test_trainer.py.)"""
 
 from __future__ import annotations
 
@@ -14,19 +15,12 @@ import copy
 import pytest
 import torch
 
-from spogw_dagster.core.logprobs import (
-    build_completion_batch,
-    build_shared_prompt_batch,
-    completion_logprobs,
-    score_completions,
-)
+from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
 from spogw_dagster.core.trainer import (
     TrainConfig,
-    _batches,
     _Item,
     _micro_batch_logprobs,
     _micro_batch_objective,
-    _precompute,
 )
 
 OBJECTIVES = ["spogw", "grpo", "grpo_nokl", "score_dpo", "rwr"]
