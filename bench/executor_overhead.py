@@ -223,6 +223,22 @@ def bwrap_pass(iso, with_filter: bool) -> None:
         os.close(fd)
 
 
+def scoring_cost(n: int) -> None:
+    """Per-answer cost of HumanEval scoring, the two-process verdict beside the old one-process path, in the
+    same run (bench/scoring_overhead.py, which can also be run on its own)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    print()
+    saved = sys.argv
+    sys.argv = ["scoring_overhead.py", "--n", str(n)]
+    try:
+        runpy.run_path(str(Path(__file__).with_name("scoring_overhead.py")), run_name="__main__")
+    finally:
+        sys.argv = saved
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=300, help="calls per measurement")
@@ -233,6 +249,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.sandbox_only:
         sandbox_start_cost(args.sandbox_n)
+        scoring_cost(args.sandbox_n)
         return
     proc, base_url = start_server()
     try:
@@ -245,6 +262,7 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
     sandbox_start_cost(args.sandbox_n)
+    scoring_cost(args.sandbox_n)
 
 
 if __name__ == "__main__":
