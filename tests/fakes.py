@@ -4,9 +4,12 @@ sandbox, accounting) and the model's words do not matter. Tests of real behaviou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 
 from spogw_dagster.executors.base import ExecutorError
@@ -89,3 +92,33 @@ async def local_run(program: str, timeout: float = 30.0) -> RunResult:
             return RunResult(Status.TIMEOUT, None, "", "wall-clock limit")
         status = Status.OK if proc.returncode == 0 else Status.RUNTIME_ERROR
         return RunResult(status, proc.returncode, out.decode(), err.decode())
+
+
+@contextlib.contextmanager
+def connection_recorder(backlog: int = 16):
+    """A TCP server on 127.0.0.1 that records every connection: no sandboxed code may reach it.
+    Yields (port, hits)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(backlog)
+    srv.settimeout(0.2)
+    hits: list[str] = []
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            try:
+                conn, addr = srv.accept()
+                hits.append(str(addr))
+                conn.close()
+            except OSError:
+                continue
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1], hits
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()

@@ -21,7 +21,6 @@ import concurrent.futures
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ import pytest
 
 from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation
 from tests.fake_openai_server import FakeOpenAIServer
+from tests.fakes import connection_recorder
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-hostile-" + uuid.uuid4().hex
@@ -399,28 +399,8 @@ def isolation(request):
 @pytest.fixture
 def listener():
     """A TCP server on 127.0.0.1 that records every connection: no sandboxed code may reach it."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    hits: list[str] = []
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            try:
-                conn, addr = srv.accept()
-                hits.append(str(addr))
-                conn.close()
-            except OSError:
-                continue
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], hits
-    stop.set()
-    t.join(2)
-    srv.close()
+    with connection_recorder() as recorder:
+        yield recorder
 
 
 class _Answers:

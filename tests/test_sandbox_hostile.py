@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 import uuid
 
@@ -27,7 +25,7 @@ from spogw_dagster.evaluation import evaluate_workflow
 from spogw_dagster.isolation import Limits, detect_isolation, run_code
 from spogw_dagster.types import Problem, Status
 from spogw_dagster.workflow.runtime import execute_workflow
-from tests.fakes import ScriptedExecutor
+from tests.fakes import ScriptedExecutor, connection_recorder
 
 SECRET = "sk-test-" + uuid.uuid4().hex
 CANARY = f"/tmp/spogw-canary-{uuid.uuid4().hex}"
@@ -57,28 +55,8 @@ def secret_in_parent_env(monkeypatch):
 @pytest.fixture(scope="module")
 def listener():
     """A TCP server on 127.0.0.1 that records any connection: the sandbox must never reach it."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.2)
-    hits: list[str] = []
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            try:
-                conn, addr = srv.accept()
-                hits.append(str(addr))
-                conn.close()
-            except OSError:
-                continue
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], hits
-    stop.set()
-    t.join(2)
-    srv.close()
+    with connection_recorder() as recorder:
+        yield recorder
 
 
 def wf(body: str) -> str:
