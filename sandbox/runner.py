@@ -174,9 +174,9 @@ def _restricted_builtins(names, imports):
     return allowed
 
 
-async def _run(channel, init):
+async def _run(channel, init, code):
     ns = {"__builtins__": _restricted_builtins(init["builtins"], init.get("imports", [])), "__name__": "workflow"}
-    exec(compile(init["code"], "<workflow>", "exec"), ns)
+    exec(code, ns)
     cls = ns.get("Workflow")
     if cls is None:
         raise NameError("the code defines no class Workflow")
@@ -205,9 +205,17 @@ def main():
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     channel.start_reader(loop)
+    try:
+        # Compiled before the tripwire: a SyntaxError makes CPython open the "file" for its source line, an
+        # `open` event the hook would report as an escape attempt.
+        code = compile(init["code"], "<workflow>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        channel.send({"type": "error", "status": "runtime_error", "exc_type": type(exc).__name__,
+                      "message": "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]})
+        os._exit(0)
     _install_tripwire()
     try:
-        answer = loop.run_until_complete(_run(channel, init))
+        answer = loop.run_until_complete(_run(channel, init, code))
         if _violation:
             raise PermissionError(f"sandbox: {_violation[0]} was attempted")
         channel.send({"type": "result", "answer": answer})

@@ -65,6 +65,17 @@ async def test_uncaught_workflow_exception_is_runtime_error(iso):
     assert res.status == Status.RUNTIME_ERROR and "IndexError" in res.error
 
 
+async def test_code_the_compiler_refuses_is_a_runtime_error_not_a_sandbox_violation(iso):
+    # A SyntaxError makes CPython open the "file" for its source line: an `open` event that, after the
+    # tripwire, would read as an escape attempt. The runner compiles before arming it.
+    # The validator refuses it first (INVALID); without the validator the runner must not cry escape.
+    code = wf("return await self.custom(instruction='a', instruction='b')")
+    res = await execute_workflow(code, MATH, ScriptedExecutor(), iso, limits=FAST)
+    assert res.status == Status.INVALID and "keyword argument repeated" in res.error, res
+    res = await execute_workflow(code, MATH, ScriptedExecutor(), iso, limits=FAST, validate_code=False)
+    assert res.status == Status.RUNTIME_ERROR and "keyword argument repeated" in res.error, res
+
+
 async def test_executor_failure_is_executor_error_even_if_the_workflow_catches_it(iso):
     code = wf("try:\n    a = await self.custom(instruction='x')\nexcept Exception:\n    a = 'swallowed'\nreturn a")
     res = await execute_workflow(code, MATH, ScriptedExecutor(fail_from=1), iso, limits=FAST)

@@ -63,6 +63,8 @@ def test_valid_workflow_with_loop_list_and_helper_method():
         ("return 'constant answer'", "math", "calls no operator"),
         ("global x\nreturn await self.custom(instruction='x')", "math", "Global"),
         ("return await self.nonexistent()", "math", "neither an offered operator"),
+        # ast.parse accepts it, the compiler does not (a real SmolLM2 sample)
+        ("return await self.review(solution='a', solution='b')", "math", "keyword argument repeated"),
     ],
 )
 def test_invalid_programs_are_rejected_with_a_reason(body, family, reason):

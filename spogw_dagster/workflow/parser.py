@@ -236,6 +236,10 @@ def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits
                     raise bad(f"{f.attr}() is missing a required argument: {spec.signature}")
     if call_sites == 0:
         raise bad("the workflow calls no operator")
+    try:  # what ast.parse accepts but the compiler refuses, e.g. a repeated keyword argument
+        compile(tree, "<workflow>", "exec")
+    except (SyntaxError, ValueError) as e:
+        raise bad(f"syntax error: {getattr(e, 'msg', e)}") from None
     if call_sites > limits.max_operator_call_sites:
         raise bad(f"workflow has {call_sites} operator call sites; the limit is {limits.max_operator_call_sites}")
     return ParsedWorkflow(code=code, operator_call_sites=call_sites, operators_used=tuple(sorted(used)))
