@@ -255,3 +255,38 @@ def test_catalog_learning_curve_view_and_run_table(tmp_path):
     text = summary_table(store, 2)
     assert text.startswith("held-out scores per iteration (test split")
     assert text.count("Δ vs previous") == 2 and "0.475 [0.400, 0.550]" in text
+
+
+def _paired_rows(system: str, valid: list[list[int]], reward: list[list[float]], seed_shift: int = 0) -> pl.DataFrame:
+    rows = []
+    for q, (vs, rs) in enumerate(zip(valid, reward)):
+        for j, (v, r) in enumerate(zip(vs, rs)):
+            rows.append({"system": system, "mode": "sampled", "query_id": f"q{q}", "sample_idx": j,
+                         "seed": 100 * q + j + seed_shift, "exec_seed": j, "status": "ok" if v else "invalid",
+                         "valid": bool(v), "executes": float(v), "trivial": False, "reward": r,
+                         "answer_score": 0.0, "iteration": 0})
+    return pl.DataFrame(rows)
+
+
+def test_paired_comparison_by_hand():
+    # q0: A valid on both samples, B on the second only -> diffs (1, 0); q1: A on the second only, B on none
+    # -> diffs (0, 1). Every query's mean diff is 0.5, so every bootstrap resample gives 0.5: CI [0.5, 0.5].
+    a = _paired_rows("A", [[1, 1], [0, 1]], [[0.5, 0.5], [0.1, 0.5]])
+    b = _paired_rows("B", [[0, 1], [0, 0]], [[0.1, 0.5], [0.1, 0.1]])
+    rows = {r["metric"]: r for r in tables.paired_comparison(a, b, resamples=200)}
+    v = rows["valid_rate"]
+    assert (v["a"], v["b"], v["diff"], v["diff_ci_low"], v["diff_ci_high"]) == (0.75, 0.25, 0.5, 0.5, 0.5)
+    assert v["n_pairs"] == 4 and v["n_queries"] == 2
+    # rewards: diffs (0.4, 0.0) and (0.0, 0.4): mean 0.2 in both queries
+    r = rows["mean_reward"]
+    assert r["diff"] == pytest.approx(0.2) and r["diff_ci_low"] == pytest.approx(0.2)
+    assert r["a"] == pytest.approx(0.4) and r["b"] == pytest.approx(0.2)
+
+
+def test_paired_comparison_refuses_unpaired_seeds_and_unknown_systems():
+    a = _paired_rows("A", [[1]], [[0.5]])
+    b = _paired_rows("B", [[0]], [[0.1]], seed_shift=7)
+    with pytest.raises(ValueError, match="different seeds"):
+        tables.paired_comparison(a, b)
+    with pytest.raises(ValueError, match="no held-out results for system 'C'.*A, B"):
+        tables.system_rows(pl.concat([a, b]), "C")

@@ -6,6 +6,8 @@
                                             score the base model or a LoRA adapter (greedy and K samples per
                                             query, 95% intervals, paired differences to --compare); choose
                                             settings on the validation split, never on test
+    spogw compare A B [--assets-dir DIR]    paired difference of two systems already in heldout_results (e.g.
+                                            the last checkpoint against the base model), from the stored rows
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-COMMANDS = ("run", "catalog", "evaluate")
+COMMANDS = ("run", "catalog", "evaluate", "compare")
 
 
 def add_pipeline_commands(sub) -> None:
@@ -54,6 +56,17 @@ def add_pipeline_commands(sub) -> None:
     ev.add_argument("--assets-dir", default=None, help="executor call cache and baseline cache live here")
     ev.add_argument("--out", default=None, help="write the per-sample rows (heldout_results columns) to this Parquet")
     ev.add_argument("--json", action="store_true", help="print the report rows as JSON")
+    cmp = sub.add_parser("compare", help="paired difference of two systems in heldout_results (no new generation)",
+                         description="Pair two systems' stored held-out samples on (mode, query, sample) — they "
+                                     "must share sampler and executor seeds, as every report's systems do — and "
+                                     "print each metric for both with the paired difference A - B and its 95% "
+                                     "paired bootstrap interval over queries. E.g. `spogw compare spogw@0002 base`.")
+    cmp.add_argument("a", help="system label as in heldout_results.system, e.g. spogw@0002")
+    cmp.add_argument("b", help="the system to compare against, e.g. base or spogw@0000")
+    cmp.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
+    cmp.add_argument("--split", default=None, help="only rows of this split (test or validation)")
+    cmp.add_argument("--resamples", type=int, default=2000)
+    cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
@@ -70,6 +83,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             return 0
         if args.cmd == "evaluate":
             return evaluate_command(args)
+        if args.cmd == "compare":
+            return compare_command(args)
         from .loop import run_loop
 
         if args.iterations is not None and args.iterations < 1:
@@ -80,6 +95,40 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     except ConfigValidationError as e:
         print(f"spogw: {e}", file=sys.stderr)
         return 2
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """`spogw compare A B`: paired differences between two systems' stored held-out rows."""
+    import json as _json
+
+    import polars as pl
+
+    from . import tables
+    from .config import ConfigValidationError
+    from .storage import AssetStore, default_assets_dir
+
+    store = AssetStore(args.assets_dir or default_assets_dir())
+    parts = store.partitions("heldout_results")
+    if not parts:
+        raise ConfigValidationError(f"no heldout_results under {store.root}; materialize benchmark_report first "
+                                    "(spogw run) or pass --assets-dir")
+    heldout = pl.concat([store.read_parquet("heldout_results", p) for p in parts], how="diagonal_relaxed")
+    if args.split:
+        heldout = heldout.filter(pl.col("split") == args.split)
+    try:
+        rows = tables.paired_comparison(tables.system_rows(heldout, args.a), tables.system_rows(heldout, args.b),
+                                        resamples=args.resamples)
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None
+    if args.json:
+        print(_json.dumps(rows, indent=1))
+        return 0
+    print(f"{args.a} vs {args.b} (paired on the same queries and seeds; 95% paired bootstrap over queries)")
+    print(f"  {'mode':<8}{'metric':<15}{args.a:>14}{args.b:>14}{'A - B [95% CI]':>30}{'pairs':>7}")
+    for r in rows:
+        ci = f"{r['diff']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+        print(f"  {r['mode']:<8}{r['metric']:<15}{r['a']:>14.3f}{r['b']:>14.3f}{ci:>30}{r['n_pairs']:>7}")
+    return 0
 
 
 def _policy(path: str | None, kind: str):

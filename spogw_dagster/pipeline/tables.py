@@ -564,3 +564,48 @@ def score_distribution(scores: Sequence[float], bins: int = 5) -> dict[str, int]
         b = min(bins - 1, max(0, int(float(s) * bins)))
         out[list(out)[b]] += 1
     return out
+
+
+def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    """System A against system B on the same held-out queries and seeds: per mode and metric, both values and
+    the mean paired difference A - B with a paired bootstrap 95% interval over queries.
+
+    `a` and `b` are heldout_results rows of one system each. Samples pair on (mode, query_id, sample_idx);
+    a pair whose sampler or executor seeds differ is not a pair, and is an error (the comparison would be
+    between different draws). Executor-error samples are left out, as in the report."""
+    from spogw_dagster.core import stats
+
+    key = ["mode", "query_id", "sample_idx"]
+    ok = pl.col("status") != Status.EXECUTOR_ERROR.value
+    cols = key + ["seed", "exec_seed", *RATE_METRICS.values(), *MEAN_METRICS.values()]
+    j = a.filter(ok).select(cols).join(b.filter(ok).select(cols), on=key, how="inner", suffix="_b")
+    bad = j.filter((pl.col("seed").fill_null(-1) != pl.col("seed_b").fill_null(-1))
+                   | (pl.col("exec_seed") != pl.col("exec_seed_b")))
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise ValueError(f"{bad.height} samples have different seeds in the two systems (first: {r['mode']} "
+                         f"{r['query_id']} #{r['sample_idx']}): they are not paired; compare systems scored with "
+                         "the same report seed and sample count")
+    out = []
+    for mode in sorted(j["mode"].unique().to_list()):
+        m = j.filter(pl.col("mode") == mode).sort(["query_id", "sample_idx"])
+        g = m.group_by("query_id", maintain_order=True)
+        for metric, col in {**RATE_METRICS, **MEAN_METRICS}.items():
+            per_q = g.agg(pl.col(col).cast(pl.Float64()).alias("a"), pl.col(f"{col}_b").cast(pl.Float64()).alias("b"))
+            xa, xb = [list(x) for x in per_q["a"].to_list()], [list(x) for x in per_q["b"].to_list()]
+            d, lo, hi = stats.paired_bootstrap_diff(xa, xb, resamples=resamples, seed=seed)
+            n = sum(map(len, xa))
+            out.append({"mode": mode, "metric": metric, "a": sum(map(sum, xa)) / n, "b": sum(map(sum, xb)) / n,
+                        "diff": d, "diff_ci_low": lo, "diff_ci_high": hi, "n_pairs": n, "n_queries": len(xa)})
+    return out
+
+
+def system_rows(heldout: pl.DataFrame, system: str) -> pl.DataFrame:
+    """The held-out rows of `system` from the first report partition that scored it (a policy reused as
+    π_{k-1} by the next report carries the same rows)."""
+    rows = heldout.filter(pl.col("system") == system)
+    if rows.height == 0:
+        known = ", ".join(sorted(heldout["system"].unique().to_list())) or "(none)"
+        raise ValueError(f"no held-out results for system {system!r}; systems in heldout_results: {known}")
+    first = rows["iteration"].min()
+    return rows.filter(pl.col("iteration") == first)
