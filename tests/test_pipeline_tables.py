@@ -23,6 +23,20 @@ def test_ladder_reward_by_hand():
     assert ladder_reward(lad, "ok", ["ok"], 1.0) == pytest.approx(1.0)
     assert ladder_reward(Ladder(), "ok", ["ok"], 0.75) == 0.75  # default: the plain benchmark score
     assert ladder_reward(Ladder(), "invalid", [], 0.0) == 0.0
+    # a trivial workflow (no operator that writes a solution) forfeits the executes rung: format + valid only
+    assert ladder_reward(lad, "ok", ["ok"], 0.0, trivial=True) == pytest.approx(0.3)
+    assert ladder_reward(lad, "ok", ["ok"], 0.0, trivial=False) == pytest.approx(0.5)
+
+
+def test_execution_row_marks_trivial_workflows_and_withholds_their_executes_credit():
+    lad = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+    trivial = "class Workflow:\n    async def run(self):\n        return await self.test(solution=False)\n"
+    real = "class Workflow:\n    async def run(self):\n        return await self.code_generate(instruction='x')\n"
+    res = _result("Q/0", Status.OK, 0.0, ["ok"], 1)
+    t = tables.execution_row(0, "Q/0", 0, "ok", res, lad, workflow=trivial)
+    r = tables.execution_row(0, "Q/0", 1, "ok", res, lad, workflow=real)
+    assert (t["trivial"], t["score"]) == (True, pytest.approx(0.3))
+    assert (r["trivial"], r["score"]) == (False, pytest.approx(0.5))
     with pytest.raises(ValueError):
         Ladder(format=0.6, answer=0.6)
 
@@ -152,8 +166,9 @@ def test_heldout_rows_valid_executes_reward_trivial():
     ck = h.filter(pl.col("system") == "spogw@0001")
     assert ck["valid"].to_list() == [True, False, True, True]
     assert ck["executes"].to_list() == [1.0, 0.0, 0.0, 1.0]
-    # the ladder 0.1/0.2/0.2/0.5: all four; format only; format + valid; format + valid + executes
-    assert ck["reward"].to_list() == pytest.approx([1.0, 0.1, 0.3, 0.5])
+    # the ladder 0.1/0.2/0.2/0.5: all four; format only; format + valid; format + valid (trivial: it runs to
+    # the end, but calls no operator that writes a solution, so no executes credit)
+    assert ck["reward"].to_list() == pytest.approx([1.0, 0.1, 0.3, 0.3])
     assert ck["trivial"].to_list() == [False, False, False, True]
     assert ck["exec_seed"].to_list() == [100, 101, 100, 101] and ck["greedy"].to_list() == [False] * 4
     assert tables.is_trivial(TRIVIAL, True) and not tables.is_trivial(WF, True) and not tables.is_trivial(TRIVIAL, False)
@@ -174,7 +189,7 @@ def test_report_long_format_intervals_and_paired_difference():
     assert (v["value"], v["n"], v["n_queries"], v["ci_method"]) == (0.75, 4, 2, "wilson_deff")
     assert (v["ci_low"], v["ci_high"]) == pytest.approx(stats.wilson(2.25, 3))
     r = get("spogw@0001", "mean_reward")
-    assert r["value"] == pytest.approx(0.475) and r["ci_method"] == "cluster_bootstrap"
+    assert r["value"] == pytest.approx(0.425) and r["ci_method"] == "cluster_bootstrap"  # (1 + .1 + .3 + .3) / 4
     assert get("spogw@0001", "trivial_rate")["value"] == 0.25
     assert get("spogw@0001", "answer_score")["value"] == 0.25
     # the previous policy: its executor error is left out (3 scored samples) and counted
@@ -250,11 +265,12 @@ def test_catalog_learning_curve_view_and_run_table(tmp_path):
     curve = query(store, "select step, system, value, ci_low, ci_high, diff_vs_prev from learning_curve "
                          "where metric = 'mean_reward' and mode = 'sampled' order by step")
     assert [(r[0], r[1]) for r in curve] == [(-1, "base"), (0, "spogw@0000"), (1, "spogw@0001")]
-    assert curve[2][2] == pytest.approx(0.475) and curve[2][5] == pytest.approx(0.3) and curve[0][5] is None
+    assert curve[2][2] == pytest.approx(0.425) and curve[2][5] == pytest.approx(0.3) and curve[0][5] is None
     assert query(store, "select count(*) from heldout_results where iteration = 1 and trivial") == [(1,)]
     text = summary_table(store, 2)
     assert text.startswith("held-out scores per iteration (test split")
-    assert text.count("Δ vs previous") == 2 and "0.475 [0.400, 0.550]" in text
+    # resampling queries a (1.0, 0.1) and b (0.3, 0.3): means 0.3 (b, b), 0.425 (a, b), 0.55 (a, a)
+    assert text.count("Δ vs previous") == 2 and "0.425 [0.300, 0.550]" in text
 
 
 def _paired_rows(system: str, valid: list[list[int]], reward: list[list[float]], seed_shift: int = 0) -> pl.DataFrame:

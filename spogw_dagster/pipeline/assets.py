@@ -179,7 +179,7 @@ def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
         results, counters, executor_model = asyncio.run(run())
         ladder = Ladder(**cfg.reward.model_dump())
         df = tables.execution_frame(
-            tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder) for j, r in zip(jobs, results))
+            tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
         statuses = dict(Counter(df["status"].to_list()))
         by_status = {s: df.filter(pl.col("status") == s)["score"].to_list() for s in statuses}
         from .plots import score_histogram

@@ -4,7 +4,11 @@ FloWright's ladder, r = w_f·format + w_v·valid + w_e·executes + w_a·answer, 
 
     format    1 when workflow code was found in the generator's text (parse status is not format_error)
     valid     1 when the code passed the validator (parse status ok)
-    executes  the fraction of runs that finished with a result (status ok)
+    executes  the fraction of runs that finished with a result (status ok), counted only for a workflow that
+              calls an operator producing a solution: a valid workflow that calls none
+              (`return await self.test(solution=False)`) runs to the end without attempting the task, and
+              crediting it would make it as good as a real attempt that fails (DESIGN.md section 2's reward
+              trap; measured: with the credit, trivial greedy workflows went 0% -> 30% in two iterations)
     answer    the benchmark metric, mean over runs (0/1 pass@1 for code and math, token F1 for QA)
 
 With the default weights (0, 0, 0, 1) r is the plain benchmark score. Rows whose runs hit an executor error
@@ -13,6 +17,7 @@ keep their reward but curation drops them (our infrastructure failed, not the wo
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -32,12 +37,30 @@ class Ladder:
             raise ValueError(f"reward weights must be >= 0 and sum to <= 1, got {ws}")
 
 
-def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float) -> float:
-    """The ladder reward of one workflow in [0, 1]."""
+# Operators that write a solution from the query; a valid workflow calling none of them returns a constant
+# or re-checks nothing: the reward trap of DESIGN.md section 2.
+PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
+
+
+def is_trivial(code: str | None, valid: bool) -> bool:
+    """True for a valid workflow with no call of an operator that produces a solution."""
+    if not valid or not code:
+        return False
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in PRODUCING_OPERATORS for n in ast.walk(tree))
+
+
+def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float,
+                  trivial: bool = False) -> float:
+    """The ladder reward of one workflow in [0, 1]; `trivial` (see `is_trivial`) forfeits the executes rung."""
     fmt = 0.0 if parse_status == Status.FORMAT_ERROR.value else 1.0
     valid = 1.0 if parse_status == Status.OK.value else 0.0
     runs = list(run_statuses)
-    executes = (sum(s == Status.OK.value for s in runs) / len(runs)) if runs and valid else 0.0
+    executes = (sum(s == Status.OK.value for s in runs) / len(runs)) if runs and valid and not trivial else 0.0
     answer = float(answer_score) if valid else 0.0
     r = ladder.format * fmt + ladder.valid * valid + ladder.executes * executes + ladder.answer * answer
     return min(1.0, max(0.0, r))

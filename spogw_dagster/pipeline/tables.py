@@ -14,7 +14,7 @@ import polars as pl
 
 from spogw_dagster.types import Status
 
-from .rewards import Ladder, ladder_reward
+from .rewards import Ladder, is_trivial, ladder_reward
 
 # ------------------------------------------------------------------------------------------------
 # sampled_workflows
@@ -111,17 +111,20 @@ EXECUTION_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String(),
     "answer": pl.String(),
     "isolation": pl.String(),
+    "trivial": pl.Boolean(),  # valid, but calls no operator that produces a solution (no executes credit)
 }
 
 
 def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: str, result, ladder: Ladder,
-                  *, max_answer_chars: int = 2000) -> dict[str, Any]:
-    """One execution_scores row from an `evaluation.EvalResult` (or a rejected result with no runs)."""
+                  *, workflow: str | None = None, max_answer_chars: int = 2000) -> dict[str, Any]:
+    """One execution_scores row from an `evaluation.EvalResult` (or a rejected result with no runs).
+    `workflow`: the validated code (None when rejected), to tell trivial workflows apart."""
     answer_score = float(result.score)
+    trivial = is_trivial(workflow, parse_status == Status.OK.value)
     return {
         "iteration": iteration, "query_id": query_id, "sample_idx": sample_idx,
-        "status": result.status.value,
-        "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score),
+        "status": result.status.value, "trivial": trivial,
+        "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score, trivial),
         "answer_score": answer_score, "runs": len(result.run_statuses),
         "run_statuses": list(result.run_statuses),
         "run_scores": [float(x) for x in result.run_scores],
@@ -318,25 +321,6 @@ COST_METRICS = {"executor_calls": "llm_calls", "cached_calls": "cached_calls", "
                 "completion_tokens": "completion_tokens"}
 METRICS = (*RATE_METRICS, *MEAN_METRICS, "executor_errors", *COST_METRICS)
 KIND_ORDER = {"checkpoint": 0, "previous": 1, "baseline": 2}
-# Operators that write a solution from the query; a valid workflow calling none of them returns a constant
-# or re-checks nothing (`return await self.test(solution=False)`): the reward trap of DESIGN.md section 2.
-PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
-
-
-def is_trivial(code: str | None, valid: bool) -> bool:
-    """True for a valid workflow with no call of an operator that produces a solution."""
-    if not valid or not code:
-        return False
-    import ast
-
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return False
-    return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr in PRODUCING_OPERATORS for n in ast.walk(tree))
-
-
 @dataclass(frozen=True)
 class HeldoutSample:
     """Where one held-out workflow came from (everything heldout_results records besides the result)."""
@@ -362,14 +346,15 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
     valid = s.parse_status == Status.OK.value
     runs = list(result.run_statuses)
     answer = float(result.score) if valid else 0.0
+    trivial = is_trivial(s.workflow, valid)
     return {
         "iteration": iteration, "split": split, "system": s.system, "kind": s.kind, "mode": s.mode,
         "greedy": s.mode == "greedy", "query_id": s.query_id, "sample_idx": s.sample_idx, "seed": s.seed,
         "exec_seed": s.exec_seed, "temperature": s.temperature, "parse_status": s.parse_status,
         "status": result.status.value, "valid": valid,
         "executes": (sum(x == Status.OK.value for x in runs) / len(runs)) if runs and valid else 0.0,
-        "reward": ladder_reward(ladder, s.parse_status, runs, answer), "answer_score": answer,
-        "trivial": is_trivial(s.workflow, valid), "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
+        "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial), "answer_score": answer,
+        "trivial": trivial, "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
         "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
         "checkpoint_iteration": s.checkpoint_iteration, "adapter_sha256": s.adapter_sha256,
