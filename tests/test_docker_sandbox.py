@@ -20,7 +20,7 @@ import pytest
 from spogw_dagster import docker_sandbox, seccomp
 from spogw_dagster.isolation import DOCKER_IMAGE, Limits, detect_isolation, run_code
 from spogw_dagster.types import Status
-from tests.test_isolation_seccomp import CLONE_NEWNET, CLONE_NEWUSER, NUMBERS, PROGRAM, SIGCHLD
+from tests.test_isolation_seccomp import CLONE_NEWUSER, NUMBERS, assert_filter_denies_and_allows
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16)
 REPO = str(Path(__file__).resolve().parents[1])
@@ -95,15 +95,7 @@ async def test_namespaces_mounts_io_uring_and_tracing_are_denied_inside_the_cont
     numbers = NUMBERS.get(platform.machine())
     if numbers is None:
         pytest.skip(f"no syscall table for {platform.machine()} in tests/test_isolation_seccomp.py")
-    prog = PROGRAM % {"numbers": numbers, "newuser": CLONE_NEWUSER, "newnet": CLONE_NEWNET, "sigchld": SIGCHLD}
-    res = await run_code(prog, iso, LIMITS)
-    assert res.status == Status.OK, (res.status, res.error, res.stderr[-1500:])
-    report = json.loads(res.stdout)
-    for name, (ret, err) in report["denied"].items():
-        expected = 38 if name == "clone3" else 1  # ENOSYS so glibc falls back to clone; EPERM otherwise
-        assert (ret, err) == (-1, expected), f"{name} returned {ret} (errno {err}) inside the container"
-    assert report["ok"] == {"thread": ["thread ran"], "fork": 7, "subprocess": "42", "math_json": 120,
-                            "seccomp": ["2"]}
+    await assert_filter_denies_and_allows(iso, numbers, "container", LIMITS)
 
 
 # push rbx; mov eax, 310 (i386 unshare); mov ebx, CLONE_NEWUSER; int 0x80; pop rbx; ret

@@ -99,16 +99,22 @@ def test_policy_compiles_and_every_name_is_a_real_syscall():
     assert "KILL_PROCESS" in text  # syscalls of another ABI
 
 
-async def test_namespaces_mounts_io_uring_and_tracing_are_denied_inside_the_sandbox(iso, numbers):
+async def assert_filter_denies_and_allows(iso, numbers, where: str, limits=None) -> None:
+    """PROGRAM inside `iso`: every listed call is refused (EPERM; clone3 ENOSYS), ordinary Python still works.
+    Shared with tests/test_docker_sandbox.py."""
     prog = PROGRAM % {"numbers": numbers, "newuser": CLONE_NEWUSER, "newnet": CLONE_NEWNET, "sigchld": SIGCHLD}
-    res = await run_code(prog, iso, LIMITS)
+    res = await run_code(prog, iso, limits or LIMITS)
     assert res.status == Status.OK, (res.status, res.error, res.stderr[-1500:])
     report = json.loads(res.stdout)
     for name, (ret, err) in report["denied"].items():
         expected = 38 if name == "clone3" else 1  # ENOSYS so glibc falls back to clone; EPERM otherwise
-        assert (ret, err) == (-1, expected), f"{name} returned {ret} (errno {err}) inside the sandbox"
+        assert (ret, err) == (-1, expected), f"{name} returned {ret} (errno {err}) inside the {where}"
     assert report["ok"] == {"thread": ["thread ran"], "fork": 7, "subprocess": "42", "math_json": 120,
                             "seccomp": ["2"]}
+
+
+async def test_namespaces_mounts_io_uring_and_tracing_are_denied_inside_the_sandbox(iso, numbers):
+    await assert_filter_denies_and_allows(iso, numbers, "sandbox")
 
 
 async def test_a_syscall_of_another_abi_kills_the_process(iso):
