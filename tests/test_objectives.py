@@ -168,7 +168,7 @@ def test_ratio_one_and_beta_zero_is_reinforce():
     mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3, [0, 1, 1, 1, 1, 0], [1] + [0] * 5])
     adv = torch.tensor([1.2, -0.4, 0.0, -2.0], dtype=DT)
     for name in ("spogw", "grpo_nokl"):
-        cfg = ObjectiveConfig(name=name, beta=0.0)
+        cfg = ObjectiveConfig(objective=name, beta=0.0)
         out = compute_loss(name, LossBatch(logp=logp, mask=mask, old_logp=logp.detach(), advantages=adv), cfg)
         g = grad_of(out.loss, logp)
         lengths = mask.sum(-1).to(DT)
@@ -199,7 +199,7 @@ def test_masked_tokens_carry_no_gradient_even_with_garbage_values(name):
     ref = torch.tensor([[-0.9, -0.6, -inf, 5.0], [-2.5, -inf, -0.1, -0.2]], dtype=DT)
     batch = LossBatch(logp=logp, mask=mask, old_logp=old, ref_logp=ref,
                       advantages=torch.tensor([0.8, -0.8], dtype=DT), scores=torch.tensor([1.0, 0.25], dtype=DT))
-    out = compute_loss(name, batch, ObjectiveConfig(name=name))
+    out = compute_loss(name, batch, ObjectiveConfig(objective=name))
     assert torch.isfinite(out.loss)
     g = grad_of(out.loss, logp)
     assert torch.isfinite(g).all()
@@ -282,7 +282,7 @@ def test_score_dpo_dispatch_samples_pairs_with_the_config_seed():
     logp = leaf([[-1.0], [-2.0], [-0.5]])
     batch = LossBatch(logp=logp, mask=torch.ones(3, 1), ref_logp=torch.full((3, 1), -1.0, dtype=DT),
                       scores=torch.tensor([1.0, 0.5, 0.0], dtype=DT))
-    cfg = ObjectiveConfig(name="score_dpo", dpo_num_pairs=7, seed=3)
+    cfg = ObjectiveConfig(objective="score_dpo", dpo_num_pairs=7, seed=3)
     a = compute_loss("score_dpo", batch, cfg)
     b = compute_loss("score_dpo", batch, cfg)
     assert a.extra["n_pairs"] == 7.0 and a.loss.item() == b.loss.item()
@@ -313,7 +313,7 @@ def test_rwr_by_hand():
 def test_rwr_via_dispatcher_uses_config_temperature():
     logp = leaf([[-1.0]])
     out = compute_loss("rwr", LossBatch(logp=logp, mask=torch.ones(1, 1), scores=torch.tensor([0.5], dtype=DT)),
-                       ObjectiveConfig(name="rwr", rwr_temperature=0.25))
+                       ObjectiveConfig(objective="rwr", rwr_temperature=0.25))
     assert out.loss.item() == pytest.approx(math.exp(2.0) * 1.0)  # e^{0.5/0.25} · NLL 1
 
 
@@ -326,8 +326,8 @@ def test_dispatcher_matches_direct_calls_and_grpo_nokl_ignores_beta():
     logp, old, ref, mask, adv = tiny()
     b = LossBatch(logp=logp, mask=mask, old_logp=old, ref_logp=ref, advantages=adv)
     assert compute_loss("spogw", b).loss.item() == pytest.approx(SPOGW_LOSS, abs=1e-12)
-    assert compute_loss("grpo", b, ObjectiveConfig(name="grpo")).loss.item() == pytest.approx(GRPO_LOSS, abs=1e-12)
-    nokl = compute_loss("grpo_nokl", b, ObjectiveConfig(name="grpo_nokl", beta=5.0))
+    assert compute_loss("grpo", b, ObjectiveConfig(objective="grpo")).loss.item() == pytest.approx(GRPO_LOSS, abs=1e-12)
+    nokl = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", beta=5.0))
     assert nokl.loss.item() == pytest.approx(0.0, abs=1e-12) and nokl.kl == pytest.approx(KL_METRIC)
     assert set(nokl.metrics()) >= {"loss", "policy_loss", "kl_loss", "clip_frac", "kl"}
     # grpo_nokl needs no reference
@@ -361,7 +361,7 @@ def test_input_errors_are_clear():
         ({"beta": -0.1}, r"beta=-0.1.*set beta >= 0"),
         ({"clip_eps": 0.0}, r"0 < clip_eps < 1"),
         ({"clip_eps": 1.0}, r"0 < clip_eps < 1"),
-        ({"name": "ppo"}, r"not a known objective; choose one of"),
+        ({"objective": "ppo"}, r"objective=.ppo.: choose one of"),
         ({"dpo_beta": 0.0}, r"DPO β must be > 0"),
         ({"rwr_temperature": 0.0}, r"needs T > 0"),
         ({"dpo_pair_power": -1.0}, r"power >= 0"),
@@ -376,10 +376,10 @@ def test_objective_config_errors_name_the_fix(kwargs, message):
 
 def test_objective_config_defaults():
     cfg = ObjectiveConfig()
-    assert (cfg.name, cfg.beta, cfg.clip_eps, cfg.dpo_beta, cfg.dpo_pair_power, cfg.rwr_temperature) == (
+    assert (cfg.objective, cfg.beta, cfg.clip_eps, cfg.dpo_beta, cfg.dpo_pair_power, cfg.rwr_temperature) == (
         "spogw", 0.1, 0.2, 0.1, 3.0, 0.4)
-    assert ObjectiveConfig(name="grpo_nokl", beta=0.3).effective_beta == 0.0
-    assert ObjectiveConfig.from_dict({"name": "rwr"}).name == "rwr"
+    assert ObjectiveConfig(objective="grpo_nokl", beta=0.3).effective_beta == 0.0
+    assert ObjectiveConfig.from_dict({"objective": "rwr"}).objective == "rwr"
 
 
 def test_float32_inputs_work():

@@ -148,9 +148,10 @@ class CurationConfig(_FromDict):
 
 @dataclass(frozen=True)
 class ObjectiveConfig(_FromDict):
-    """Loss selection and its hyperparameters (DESIGN §2).
+    """Loss selection and its hyperparameters (DESIGN §2). The only declaration of these fields:
+    `core.trainer.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
 
-    name         one of OBJECTIVE_NAMES.
+    objective    one of OBJECTIVE_NAMES.
     beta         KL coefficient β of spogw/grpo (paper's best: 0.1). `grpo_nokl` ignores it (β = 0).
     clip_eps     ε_c of the clipped surrogate: ρ is clipped to [1 − ε_c, 1 + ε_c]. Default 0.2 (TRL, PPO).
     dpo_beta     β of Score-DPO (ScoreFlow: 0.1).
@@ -166,7 +167,7 @@ class ObjectiveConfig(_FromDict):
     seed         seed of in-batch pair sampling for score_dpo.
     """
 
-    name: str = "spogw"
+    objective: str = "spogw"
     beta: float = 0.1
     clip_eps: float = 0.2
     dpo_beta: float = 0.1
@@ -178,8 +179,8 @@ class ObjectiveConfig(_FromDict):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        if self.name not in OBJECTIVE_NAMES:
-            raise ConfigError(f"{c}.name={self.name!r} is not a known objective; choose one of {list(OBJECTIVE_NAMES)}.")
+        if self.objective not in OBJECTIVE_NAMES:
+            raise ConfigError(f"{c}.objective={self.objective!r}: choose one of {list(OBJECTIVE_NAMES)}.")
         for name in ("beta", "clip_eps", "dpo_beta", "dpo_pair_power", "rwr_temperature"):
             _require_real(c, name, getattr(self, name))
         _require_int(c, "seed", self.seed)
@@ -216,4 +217,18 @@ class ObjectiveConfig(_FromDict):
     @property
     def effective_beta(self) -> float:
         """β as the loss applies it: 0 for `grpo_nokl`, `beta` otherwise."""
-        return 0.0 if self.name == "grpo_nokl" else float(self.beta)
+        return 0.0 if self.objective == "grpo_nokl" else float(self.beta)
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether the loss reads π_ref: score_dpo always, spogw/grpo when β > 0."""
+        return self.objective == "score_dpo" or (self.objective in ("spogw", "grpo") and self.beta > 0)
+
+    @property
+    def needs_old(self) -> bool:
+        """Whether the loss reads π_old (the clipped ratio)."""
+        return self.objective in ("spogw", "grpo", "grpo_nokl")
+
+    def objective_config(self) -> "ObjectiveConfig":
+        """Just the objective's fields (a `TrainConfig` carries them among its own)."""
+        return ObjectiveConfig(**{f.name: getattr(self, f.name) for f in fields(ObjectiveConfig)})

@@ -496,12 +496,12 @@ assert set(OBJECTIVES) == set(OBJECTIVE_NAMES)
 
 
 def compute_loss(name: str, batch: LossBatch, cfg: ObjectiveConfig | None = None) -> LossOutput:
-    """Run objective `name` on `batch` with the hyperparameters of `cfg` (default: ObjectiveConfig(name=name)).
+    """Run objective `name` on `batch` with the hyperparameters of `cfg` (default: ObjectiveConfig(objective=name)).
 
-    `name` wins over cfg.name, so one config can serve several objectives in an ablation.
+    `name` wins over cfg.objective, so one config can serve several objectives in an ablation.
     """
     if name not in OBJECTIVES:
         raise ValueError(f"unknown objective {name!r}; choose one of {list(OBJECTIVE_NAMES)}")
     if cfg is None:
-        cfg = ObjectiveConfig(name=name)
+        cfg = ObjectiveConfig(objective=name)
     return OBJECTIVES[name](batch, cfg)

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from spogw_dagster.core.config import OBJECTIVE_NAMES, ConfigError, ObjectiveConfig
+from spogw_dagster.core.config import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
 
@@ -70,16 +70,14 @@ __all__ = [
 
 STATS_FILE = "training_stats.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-# Objectives whose loss needs π_old (the clipped ratio), and the reference for which β applies.
-_NEEDS_OLD = {"spogw", "grpo", "grpo_nokl"}
 
 
 # --------------------------------------------------------------------------------------------------
 # config and data
 
 
-@dataclass
-class TrainConfig:
+@dataclass(frozen=True)
+class TrainConfig(ObjectiveConfig):
     """Hyperparameters of one LoRA training run. Validated on construction (`ConfigError`).
 
     LoRA:       lora_r, lora_alpha, lora_dropout, target_modules.
@@ -88,8 +86,8 @@ class TrainConfig:
                 still logged).
     Schedule:   epochs over the dataset; batch_size rows per micro-batch; grad_accum micro-batches per
                 optimizer step (a smaller last step at the end of an epoch is still taken).
-    Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps and the
-                score_dpo / rwr knobs — see `core.config.ObjectiveConfig`.
+    Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps, the score_dpo / rwr
+                knobs and seed are inherited from `core.config.ObjectiveConfig` (declared and validated there).
     Policies:   ref_mode "base" | "previous"; init "continue" | "restart"; old_logprobs "recompute" | "data";
                 temperature (must equal the sampling temperature; 1.0 for greedy data).
     Misc:       seed; eval_after (one more no-grad pass: per-example mean log-prob before/after training in
@@ -136,22 +134,12 @@ class TrainConfig:
     epochs: int = 1
     batch_size: int = 4
     grad_accum: int = 1
-    # objective
-    objective: str = "spogw"
-    beta: float = 0.1
-    clip_eps: float = 0.2
-    dpo_beta: float = 0.1
-    dpo_pair_power: float = 3.0
-    dpo_num_pairs: int | None = None
-    rwr_temperature: float = 0.4
-    rwr_normalize_weights: bool = False
     # policies
     ref_mode: str = "base"
     init: str = "continue"
     old_logprobs: str = "recompute"
     temperature: float = 1.0
     # misc
-    seed: int = 0
     eval_after: bool = True
     max_completion_tokens: int | None = None
     dtype: str = "float32"
@@ -159,9 +147,11 @@ class TrainConfig:
     shared_prompt: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the objective's fields and seed
         c = "TrainConfig"
-        self.target_modules = tuple(self.target_modules)
-        self.adam_betas = tuple(float(b) for b in self.adam_betas)  # type: ignore[assignment]
+        # lists from YAML/JSON become tuples (frozen: set through object.__setattr__)
+        object.__setattr__(self, "target_modules", tuple(self.target_modules))
+        object.__setattr__(self, "adam_betas", tuple(float(b) for b in self.adam_betas))
 
         def req_int(name: str, lo: int) -> None:
             v = getattr(self, name)
@@ -207,50 +197,16 @@ class TrainConfig:
             raise ConfigError(f"{c}.eval_after={self.eval_after!r}: must be True or False.")
         if not isinstance(self.shared_prompt, bool):
             raise ConfigError(f"{c}.shared_prompt={self.shared_prompt!r}: must be True or False.")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ConfigError(f"{c}.seed={self.seed!r}: must be an integer.")
         if self.max_completion_tokens is not None:
             req_int("max_completion_tokens", 1)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16' or 'float16'.")
-        if self.objective not in OBJECTIVE_NAMES:
-            raise ConfigError(f"{c}.objective={self.objective!r}: choose one of {list(OBJECTIVE_NAMES)}.")
-        self.objective_config()  # validates beta, clip_eps and the DPO/RWR knobs
-
-    def objective_config(self) -> ObjectiveConfig:
-        return ObjectiveConfig(
-            name=self.objective,
-            beta=float(self.beta),
-            clip_eps=float(self.clip_eps),
-            dpo_beta=float(self.dpo_beta),
-            dpo_pair_power=float(self.dpo_pair_power),
-            dpo_num_pairs=self.dpo_num_pairs,
-            rwr_temperature=float(self.rwr_temperature),
-            rwr_normalize_weights=bool(self.rwr_normalize_weights),
-            seed=int(self.seed),
-        )
-
-    @property
-    def needs_ref(self) -> bool:
-        return self.objective == "score_dpo" or (self.objective in ("spogw", "grpo") and self.beta > 0)
-
-    @property
-    def needs_old(self) -> bool:
-        return self.objective in _NEEDS_OLD
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
         d["adam_betas"] = list(self.adam_betas)
         return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; valid fields are {sorted(names)}.")
-        return cls(**dict(data))
 
 
 @dataclass

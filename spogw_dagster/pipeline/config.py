@@ -18,10 +18,12 @@ sampled workflows stale).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -30,9 +32,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
+
+from spogw_dagster.core.config import CurationConfig
+from spogw_dagster.core.trainer import TrainConfig
 
 __all__ = [
     "ConfigValidationError",
@@ -168,54 +174,40 @@ class RewardSection(_Section):
         return self
 
 
-class CurationSection(_Section):
-    """Mirrors `core.config.CurationConfig` (see it for the meaning and defaults); validated by it too."""
+def _derived(core_cls: type, *, exclude: tuple[str, ...] = ()) -> type[_Section]:
+    """A config section with exactly the fields (types and defaults) of a core dataclass config, so each field
+    is declared once, in the core; its values are validated by the core class itself (see `SpogwConfig._cross`)."""
+    hints = typing.get_type_hints(core_cls)
+    spec = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(core_cls) if f.name not in exclude}
+    return create_model(f"_{core_cls.__name__}Fields", __base__=_Section, **spec)  # type: ignore[call-overload]
 
-    m: int = 16
-    n: int = 14
-    t: int = 4
-    g_max: int = 120
-    tau_sim: float = 0.95
-    tau_std: float = 0.05
-    adv_eps: float = 1e-4
-    std_ddof: int = 0
-    dedup_sharpened_groups: bool = False
-    seed: int = 0
 
-    def core(self):
-        from spogw_dagster.core.config import CurationConfig
+# The training temperature and dtype are not settable: π_old must match the sampler, so both are the generator's.
+TRAINING_FROM_GENERATOR = ("temperature", "dtype")
 
+
+class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
+    """The fields of `core.config.CurationConfig` (see it for their meaning and defaults)."""
+
+    def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())
 
 
-class TrainingSection(_Section):
-    """LoRA training; fields are those of `core.trainer.TrainConfig` (validated by it). The training temperature
-    is not set here: it is the generator's sampling temperature, so π_old matches the sampler."""
+class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  # type: ignore[misc]
+    """The fields of `core.trainer.TrainConfig` (see it, and `core.config.ObjectiveConfig` for the objective's)
+    except the temperature and dtype, which are the generator's."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    @model_validator(mode="before")
+    @classmethod
+    def _not_from_generator(cls, data: Any) -> Any:
+        for name in TRAINING_FROM_GENERATOR:
+            if isinstance(data, Mapping) and name in data:
+                raise ValueError(f"training.{name} is taken from generator.{name} (π_old must match the sampler); "
+                                 f"remove it, or set generator.{name}")
+        return data
 
-    lora_r: int = 8
-    lora_alpha: int = 16
-    learning_rate: float = 1e-4
-    epochs: int = 1
-    batch_size: int = 4
-    grad_accum: int = 1
-    objective: str = "spogw"
-    beta: float = 0.1
-    clip_eps: float = 0.2
-    ref_mode: str = "base"
-    init: str = "continue"
-    old_logprobs: str = "recompute"
-    seed: int = 0
-
-    def core(self, temperature: float, dtype: str = "float32"):
-        from spogw_dagster.core.trainer import TrainConfig
-
-        d = self.model_dump()
-        if "temperature" in d:
-            raise ValueError("training.temperature is taken from generator.temperature; remove it")
-        d.setdefault("dtype", dtype)
-        return TrainConfig.from_dict({**d, "temperature": float(temperature)})
+    def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
+        return TrainConfig.from_dict({**self.model_dump(), "temperature": float(temperature), "dtype": dtype})
 
 
 class ReportSection(_Section):
@@ -229,7 +221,7 @@ class ReportSection(_Section):
     sample j of the policies uses). `split` is test (held-out) or validation (choose settings there, never
     on test)."""
 
-    baselines: tuple[Literal["io", "cot", "cot_sc"], ...] = ("io", "cot_sc")
+    baselines: tuple[Literal["io", "cot", "cot_sc", "self_refine", "multipersona"], ...] = ("io", "cot_sc")
     split: Literal["test", "validation"] = "test"
     greedy: bool = True
     samples: int = Field(4, ge=0, le=256)
@@ -366,11 +358,21 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def _fields_at(loc: tuple) -> list[str]:
+    """The field names of the section at `loc` (a path of section names from the top)."""
+    model: Any = SpogwConfig
+    for part in loc:
+        model = model.model_fields[part].annotation
+    return sorted(model.model_fields)
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(config)"
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; valid fields here: {', '.join(_fields_at(err['loc'][:-1]))}"
         got = err.get("input")
         extra = f" (got {got!r})" if err["type"] not in ("value_error",) and not isinstance(got, dict) else ""
         lines.append(f"  {loc}: {msg}{extra}")
