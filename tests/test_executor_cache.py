@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import subprocess
 import sys
 import textwrap
@@ -138,7 +139,39 @@ def test_key_changes_with_every_input():
     assert cache_key("m", reordered, base_params) == base
     assert cache_key("m", MSGS, SamplingParams(temperature=0, top_p=1)) == \
         cache_key("m", MSGS, SamplingParams(temperature=0.0, top_p=1.0))
-    assert len(base) == 64 and int(base, 16) >= 0  # sha256 hex
+    # The key is sha256 of the documented canonical form: JSON with sorted keys, no whitespace, numbers
+    # normalised (floats as floats, ints as ints), the key version v = 1 and the namespace; written out here.
+    canonical = ('{"messages":[{"content":"name a prime number","role":"user"}],"model":"m","ns":"",'
+                 '"params":{"max_tokens":64,"seed":1,"stop":["\\n"],"temperature":0.5,"top_p":0.9},"v":1}')
+    assert base == hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    greedy = ('{"messages":[{"content":"name a prime number","role":"user"}],"model":"m","ns":"http://h:1/v1",'
+              '"params":{"max_tokens":512,"seed":null,"stop":[],"temperature":0.0,"top_p":1.0},"v":1}')
+    assert cache_key("m", MSGS, SamplingParams(temperature=0, top_p=1), namespace="http://h:1/v1") == \
+        hashlib.sha256(greedy.encode("utf-8")).hexdigest()
+
+
+def test_key_ignores_what_does_not_change_the_answer():
+    """Equal requests spelled differently give the same key: a stop list vs tuple, a fresh copy of the
+    messages, int vs float numbers; and the key never depends on the executor's transport settings."""
+    p = SamplingParams(temperature=0.5, top_p=0.9, max_tokens=64, seed=1, stop=("\n",))
+    k = cache_key("m", MSGS, p)
+    assert cache_key("m", [dict(m) for m in MSGS], p) == k
+    assert cache_key("m", MSGS, dataclasses.replace(p, stop=["\n"])) == k
+    assert cache_key("m", MSGS, dataclasses.replace(p, max_tokens=64.0, seed=1.0)) == k
+    assert cache_key("m", MSGS, p, namespace="") == k
+
+
+async def test_transport_settings_do_not_change_the_key(server, tmp_path):
+    """Timeouts, retries and back-off say how to reach the endpoint, not what it answers: an executor with
+    other settings on the same endpoint and model is served the stored answer."""
+    with CallCache(tmp_path / "c.sqlite") as cache:
+        a = CachingExecutor(inner(server), cache)
+        b = CachingExecutor(inner(server, timeout_s=9.0, max_retries=3, backoff_base_s=0.05), cache)
+        ra, rb = await a.chat(MSGS, GREEDY), await b.chat(MSGS, GREEDY)
+        await a.aclose()
+        await b.aclose()
+    assert not ra.cached and rb.cached and rb.text == ra.text == "answer #1 to name a prime number"
+    assert server.request_count == 1
 
 
 async def test_api_key_is_not_part_of_the_stored_request(server, tmp_path):

@@ -173,13 +173,25 @@ async def test_a_prompt_too_long_for_the_executor_is_the_workflows_fault(iso):
     assert res.status == Status.RUNTIME_ERROR and "prompt too long" in res.error
 
 
-async def test_pathological_operator_input_fails_the_call_not_the_parent(iso):
+@pytest.mark.parametrize("pick", ["A", "B", "no letter"])
+async def test_pathological_operator_input_fails_the_call_not_the_parent(iso, pick):
+    """A 15,001-character solution of dashes goes through voting (no two agree: the executor picks) and back
+    as the answer. The executor's pick decides the outcome exactly: "A" and a reply without a letter choose
+    the first solution (the pathological one), "B" the generated function; the listing shows at most 3000
+    characters of each candidate."""
     code_problem = Problem("humaneval", "HumanEval/x", "def f():\n    pass\n", family="code", entry_point="f")
     body = ("a = await self.code_generate(instruction='x')\n"
             "return await self.sc_ensemble(solutions=['-' * 15000 + '1', a])")
-    res = await execute_workflow(wf(body), code_problem, ScriptedExecutor(reply="def f():\n    return 1\n"), iso,
-                                 limits=FAST)
-    assert res.status in (Status.OK, Status.RUNTIME_ERROR), res.error
+    reply = {"A": "A", "B": "B", "no letter": "the first one"}[pick]
+    ex = ScriptedExecutor(replies=["```python\ndef f():\n    return 1\n```", reply])
+    res = await execute_workflow(wf(body), code_problem, ex, iso, limits=FAST)
+    assert res.status == Status.OK, res.error
+    want = "def f():\n    return 1" if pick == "B" else "-" * 15000 + "1"
+    assert res.answer.strip("\n") == want
+    assert res.operator_calls == 2 and len(ex.calls) == 2 and res.usage.llm_calls == 2
+    listing = ex.calls[1][0][-1]["content"]
+    assert "A:\n" + "-" * 3000 + "\n\nB:\ndef f():" in listing and "-" * 3001 not in listing
+    assert ex.calls[1][1].temperature == 0.0 and ex.calls[1][1].max_tokens == 16
     assert res.wall_s < 15
 
 

@@ -184,3 +184,59 @@ def test_factory(sampler):
             make_sampler("auto", model=sampler.model, tokenizer=sampler.tokenizer), TransformersSampler
         )
     assert "[gpu]" in GPU_EXTRA_HINT
+
+
+# ---------------------------------------------------------------------------------------------------
+# exact expectations, recomputed without the project's code: a plain forward of the unpadded sequence,
+# no KV cache, no batching
+
+
+def _plain_next_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].double()
+
+
+def test_greedy_equals_the_argmax_continuation_of_a_plain_forward_loop(sampler):
+    """Temperature 0, all prompts in one padded batch: each row's tokens are the argmax continuation computed
+    one token at a time from full forwards (stopping after EOS), its log-probs are log softmax(logits)
+    (T = 1 for greedy) of those tokens within 1e-4, and the text is their decoding without special tokens."""
+    max_tokens = 8
+    out = sampler.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=3))
+    eos = sampler.tokenizer.eos_token_id
+    for prompt, (r,) in zip(PROMPTS, out):
+        ids = list(sampler.tokenizer(prompt)["input_ids"])
+        assert r.prompt_token_ids == ids
+        want, want_lp = [], []
+        for _ in range(max_tokens):
+            lp = torch.log_softmax(_plain_next_logits(sampler.model, ids + want), -1)
+            tok = int(lp.argmax())
+            want.append(tok)
+            want_lp.append(float(lp[tok]))
+            if tok == eos:
+                break
+        assert r.token_ids == want, (prompt, r.token_ids, want)
+        assert max(abs(a - b) for a, b in zip(r.logprobs, want_lp)) < 1e-4
+        assert r.finish_reason == ("stop" if want[-1] == eos else "length")
+        assert r.text == sampler.tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_sampled_logprobs_equal_the_tempered_log_softmax_recomputed_by_hand(sampler):
+    """T = 0.7, two samples per prompt: logprobs[t] = log softmax(logits_t / 0.7)[token_t] of a plain forward
+    of prompt + the sampled tokens before t, within 1e-4 (not the T = 1 value: that differs by far more)."""
+    T = 0.7
+    out = sampler.generate(PROMPTS, SamplingParams(temperature=T, max_tokens=6, seed=11), n=2)
+    worst, worst_t1 = 0.0, 0.0
+    for row in out:
+        for r in row:
+            seq = torch.tensor([r.prompt_token_ids + r.token_ids])
+            with torch.no_grad():
+                logits = sampler.model(seq).logits[0].double()
+            pos = torch.arange(len(r.prompt_token_ids) - 1, seq.shape[1] - 1)
+            nxt = seq[0, pos + 1]
+            at_t = torch.log_softmax(logits[pos] / T, -1)[torch.arange(len(pos)), nxt]
+            at_1 = torch.log_softmax(logits[pos], -1)[torch.arange(len(pos)), nxt]
+            got = torch.tensor(r.logprobs, dtype=torch.float64)
+            worst = max(worst, float((got - at_t).abs().max()))
+            worst_t1 = max(worst_t1, float((got - at_1).abs().max()))
+    assert worst < 1e-4
+    assert worst_t1 > 1e-2

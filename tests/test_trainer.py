@@ -400,3 +400,177 @@ def test_sampler_logprobs_serve_as_pi_old(tmp_path):
     res = train_lora(ex, cfg, tmp_path / "a", base_model="smollm2")
     s0 = res.stats["steps"][0]
     assert s0["ratio_mean"] == pytest.approx(1.0, abs=2e-3) and s0["clip_frac"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# hand-computed first steps (DESIGN §2 and core/objectives.py: L_i is the per-token *mean* over row i's
+# workflow tokens, the loss the mean of L_i over rows; a micro-batch's loss is weighted by its share of rows)
+
+HAND_PROMPT = [11, 12, 13, 14, 15]
+HAND_COMPLETIONS = [[21, 22, 23], [31, 32, 33, 34, 35, 36, 37], [41, 42], [51, 52, 53, 54, 55]]  # 3, 7, 2, 5 tokens
+HAND_ADV = [1.5, 0.5, -0.25, -1.0]
+
+
+def _hand_examples(old_logprobs=None, n=4) -> list[TrainExample]:
+    return [
+        TrainExample(f"prompt {i}", f"completion {i}", advantage=HAND_ADV[i], score=0.5, group_id="g",
+                     prompt_token_ids=list(HAND_PROMPT), completion_token_ids=list(HAND_COMPLETIONS[i]),
+                     old_logprobs=None if old_logprobs is None else list(old_logprobs[i]))
+        for i in range(n)
+    ]
+
+
+def _plain_logprobs(model, rows: int = 4) -> list[list[float]]:
+    """log softmax(logits) of each completion token from one plain, unpadded forward per row (T = 1)."""
+    out = []
+    with torch.no_grad():
+        for comp in HAND_COMPLETIONS[:rows]:
+            seq = torch.tensor([HAND_PROMPT + comp])
+            lp = torch.log_softmax(model(seq).logits[0, :-1].double(), -1)
+            pos = torch.arange(len(HAND_PROMPT) - 1, seq.shape[1] - 1)
+            out.append(lp[pos, seq[0, pos + 1]].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_logprobs(tiny_model) -> list[list[float]]:
+    from transformers import AutoModelForCausalLM
+
+    return _plain_logprobs(AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval())
+
+
+def _hand_cfg(**kw) -> TrainConfig:
+    base = dict(objective="spogw", beta=0.1, clip_eps=0.2, epochs=1, batch_size=4, learning_rate=1e-3,
+                eval_after=False, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_first_step_loss_is_minus_the_mean_advantage(tiny_model, tmp_path):
+    """Step 0 with no previous adapter: π_θ = π_old = π_ref (fresh LoRA, B = 0), so ρ = 1, D = 0 and
+    L_i = −(1/|o_i|) Σ_t Â_i = −Â_i: loss = −mean_i Â_i = −(1.5 + 0.5 − 0.25 − 1.0)/4 = −0.1875.
+    (A token-weighted mean would give −(1.5·3 + 0.5·7 − 0.25·2 − 1.0·5)/17 = −0.147.)"""
+    res = train_lora(_hand_examples(), _hand_cfg(), tmp_path / "a", base_model=tiny_model)
+    s0 = res.stats["steps"][0]
+    assert len(res.stats["steps"]) == 1 and s0["rows"] == 4 and s0["tokens"] == 3 + 7 + 2 + 5
+    assert s0["loss"] == pytest.approx(-0.1875, abs=1e-6)
+    assert s0["policy_loss"] == pytest.approx(-0.1875, abs=1e-6)
+    assert s0["kl_loss"] == pytest.approx(0.0, abs=1e-9) and s0["kl"] == pytest.approx(0.0, abs=1e-9)
+    assert s0["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and s0["clip_frac"] == 0.0
+
+
+
+def test_first_step_of_the_baseline_objectives_by_hand(tiny_model, tmp_path, base_logprobs):
+    """Step 0 (π_θ = π_ref = base), scores s = (1, 0.75, 0.25, 0) in one group:
+    rwr        loss = mean_i exp(s_i / 0.4) · (−mean_t log π(o_{i,t})), log-probs from plain forwards;
+    score_dpo  Δ_w = Δ_l = 0 for every pair, so each pair's loss is −log σ(0) = ln 2."""
+    import math
+
+    scores = [1.0, 0.75, 0.25, 0.0]
+    ex = _hand_examples()
+    for e, sc in zip(ex, scores):
+        e.score = sc
+    nll = [-sum(row) / len(row) for row in base_logprobs]
+    want = sum(math.exp(sc / 0.4) * x for sc, x in zip(scores, nll)) / 4
+    s0 = train_lora(ex, _hand_cfg(objective="rwr"), tmp_path / "rwr", base_model=tiny_model).stats["steps"][0]
+    assert s0["loss"] == pytest.approx(want, rel=1e-5)
+    s0 = train_lora(ex, _hand_cfg(objective="score_dpo"), tmp_path / "dpo", base_model=tiny_model).stats["steps"][0]
+    assert s0["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert s0["n_pairs"] == 6  # C(4, 2) candidate pairs, all scores different; as many draws by default
+
+
+# ρ_i = exp(logp − old) set per row through the recorded π_old; Â = (1.5, 0.5, −0.25, −1.0), ε_c = 0.2:
+#   row 0: ρ 1.5, Â > 0: min(1.5·1.5, 1.2·1.5)   =  1.8    (clipped)
+#   row 1: ρ 0.5, Â > 0: min(0.5·0.5, 0.8·0.5)   =  0.25
+#   row 2: ρ 1.5, Â < 0: min(−0.375, −0.3)       = −0.375
+#   row 3: ρ 0.5, Â < 0: min(−0.5, −0.8)         = −0.8    (clipped)
+HAND_RATIO = [1.5, 0.5, 1.5, 0.5]
+HAND_CLIPPED_LOSS = {4: -(1.8 + 0.25 - 0.375 - 0.8) / 4, 3: -(1.8 + 0.25 - 0.375) / 3}  # -0.21875, -0.558333
+
+
+def _shifted_examples(base_logprobs, n=4) -> list[TrainExample]:
+    import math
+
+    old = [[lp - math.log(r) for lp in row] for row, r in zip(base_logprobs, HAND_RATIO)]
+    return _hand_examples(old_logprobs=old, n=n)
+
+
+def test_first_step_loss_with_recorded_pi_old_is_the_clipped_surrogate(tiny_model, tmp_path, base_logprobs):
+    """π_old from data, shifted by hand so ρ is 1.5 or 0.5 per row; π_θ = π_ref = base at step 0 (D = 0).
+    loss = −(1.8 + 0.25 − 0.375 − 0.8)/4 = −0.21875; the clip cuts rows 0 and 3: (3 + 5)/17 of the tokens;
+    ratio_mean (over tokens) = (1.5·3 + 0.5·7 + 1.5·2 + 0.5·5)/17 = 13.5/17."""
+    res = train_lora(_shifted_examples(base_logprobs), _hand_cfg(old_logprobs="data"), tmp_path / "a",
+                     base_model=tiny_model)
+    s0 = res.stats["steps"][0]
+    assert s0["loss"] == pytest.approx(-0.21875, abs=1e-5)
+    assert s0["kl"] == pytest.approx(0.0, abs=1e-9) and s0["kl_loss"] == pytest.approx(0.0, abs=1e-9)
+    assert s0["clip_frac"] == pytest.approx(8 / 17, abs=1e-6)
+    assert s0["ratio_mean"] == pytest.approx(13.5 / 17, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def previous_adapter(tiny_model, tmp_path_factory) -> Path:
+    """An iteration-0 adapter that moved the tiny model well away from the base."""
+    cfg = TrainConfig(epochs=3, batch_size=4, learning_rate=5e-2, seed=1, eval_after=False)
+    return train_lora(_examples(), cfg, tmp_path_factory.mktemp("prev") / "it0", base_model=tiny_model).adapter_dir
+
+
+def test_ref_base_with_previous_adapter_uses_the_base_models_logprobs(tiny_model, tmp_path, previous_adapter,
+                                                                       base_logprobs):
+    """Continuing from a previous adapter: π_θ = π_old = π_prev at step 0. With ref_mode="base" the KL is
+    k3 between π_prev and the *base* model, recomputed here from plain forwards:
+        D_{i,t} = exp(b − p) − (b − p) − 1,  kl = mean_i mean_t D,  kl_loss = β · mean_i 1[Â_i > 0] mean_t D,
+        loss = −mean_i Â_i + kl_loss.
+    With ref_mode="previous" the same step has KL exactly 0."""
+    import math
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    prev_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(tiny_model)),
+                                           str(previous_adapter)).eval()
+    prev_lp = _plain_logprobs(prev_model)
+    kl_rows = [sum(math.exp(b - p) - (b - p) - 1 for b, p in zip(br, pr)) / len(br)
+               for br, pr in zip(base_logprobs, prev_lp)]
+    kl = sum(kl_rows) / 4
+    kl_loss = 0.1 * sum(k for k, a in zip(kl_rows, HAND_ADV) if a > 0) / 4
+    assert kl > 1e-3  # the previous adapter really differs from the base
+
+    runs = {}
+    for mode in ("base", "previous"):
+        runs[mode] = train_lora(_hand_examples(), _hand_cfg(ref_mode=mode), tmp_path / mode, base_model=tiny_model,
+                                previous_adapter=previous_adapter).stats["steps"][0]
+    s0 = runs["base"]
+    assert s0["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert s0["kl"] == pytest.approx(kl, rel=1e-3, abs=1e-7)
+    assert s0["kl_loss"] == pytest.approx(kl_loss, rel=1e-3, abs=1e-7)
+    assert s0["loss"] == pytest.approx(-0.1875 + kl_loss, rel=1e-4, abs=1e-6)
+    p0 = runs["previous"]
+    assert p0["kl"] == pytest.approx(0.0, abs=1e-7) and p0["kl_loss"] == pytest.approx(0.0, abs=1e-7)
+    assert p0["loss"] == pytest.approx(-0.1875, abs=1e-5)
+
+
+@pytest.mark.parametrize("rows,splits", [(4, [(4, 1), (2, 2), (1, 4)]), (3, [(3, 1), (2, 2)])])
+def test_gradient_accumulation_equals_the_full_batch_mean(tiny_model, tmp_path, base_logprobs, rows, splits):
+    """One optimizer step on the same rows as one batch or as micro-batches (batch_size x grad_accum, also
+    the unequal split 2 + 1 of 3 rows): the loss is the mean over rows either way, so the logged loss (the
+    hand value above), the gradient norm and the adapter after the step agree. adam_eps = 1 and lr = 1 make
+    Adam's first step g / (|g| + 1) ≈ g, so the tensors show the gradient's scale (Adam's usual first step
+    lr·sign(g) would hide a wrong normalisation); no gradient clipping."""
+    out = {}
+    for bs, ga in splits:
+        cfg = _hand_cfg(old_logprobs="data", batch_size=bs, grad_accum=ga, learning_rate=1.0, adam_eps=1.0,
+                        max_grad_norm=None)
+        res = train_lora(_shifted_examples(base_logprobs, rows), cfg, tmp_path / f"b{bs}x{ga}", base_model=tiny_model)
+        assert len(res.stats["steps"]) == 1 and res.stats["steps"][0]["rows"] == rows
+        out[(bs, ga)] = (res.stats["steps"][0], _tensors(res.adapter_dir))
+    (s_ref, t_ref) = out[splits[0]]
+    assert s_ref["loss"] == pytest.approx(HAND_CLIPPED_LOSS[rows], abs=1e-5)
+    scale = max(float(t.abs().max()) for k, t in t_ref.items() if "lora_B" in k)
+    assert scale > 1e-6  # the step moved B
+    for key in splits[1:]:
+        s, t = out[key]
+        assert s["loss"] == pytest.approx(s_ref["loss"], abs=1e-6), key
+        assert s["grad_norm"] == pytest.approx(s_ref["grad_norm"], rel=1e-4), key
+        assert t.keys() == t_ref.keys()
+        assert max(float((t[k] - t_ref[k]).abs().max()) for k in t) <= 1e-4 * scale, key
