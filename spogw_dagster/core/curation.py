@@ -17,7 +17,8 @@ asset can store its own stage:
 6. `sharpen_groups`           top-t and bottom-t of each kept group (2t members per group).
 7. `compute_advantages`       Â_i = (s_i − mean_g) / (std_g + ε) over the sharpened group.
 
-`curate` runs all of them and returns a `CurationResult`. `sample_preference_pairs` is the ScoreFlow
+`screen` runs steps 1–5 (the `screened_groups` asset) and `sharpen` steps 6–7 (`sharpened_groups`); both count
+their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`. `sample_preference_pairs` is the ScoreFlow
 (Score-DPO) alternative to steps 4–7.
 
 Choices where the specification is silent (each is documented again at its function):
@@ -70,8 +71,12 @@ __all__ = [
     "compute_advantages",
     "group_std",
     "curate",
+    "screen",
+    "sharpen",
+    "Screening",
+    "Sharpening",
+    "count_reasons",
     "sample_preference_pairs",
-    "summarize",
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -610,9 +615,90 @@ def compute_advantages(members: pl.DataFrame, eps: float = 1e-4, ddof: int = 0) 
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _reason_kind(reason: str) -> str:
+    return reason.split(":", 1)[0]
+
+
+def count_reasons(dropped: pl.DataFrame) -> dict[str, int]:
+    """Drop reasons counted by kind (the part before ':', e.g. "near_duplicate_of"), sorted by kind."""
+    return dict(sorted(Counter(_reason_kind(r) for r in dropped["reason"].to_list()).items()))
+
+
+@dataclass
+class Screening:
+    """Steps 1–5 (the `screened_groups` asset): what was usable, the groups kept and what was dropped, and why.
+
+    usable          rows after executor errors and near-duplicates left (the candidates groups are drawn from).
+    groups          kept groups (SCREENED_SCHEMA: members, scores, score_mean, score_std).
+    dropped_rows    iteration, query_id, sample_idx, status, score, reason (executor errors, near-duplicates).
+    dropped_groups  queries with too few workflows and groups below tau_std, with their reason.
+    """
+
+    rows_in: int
+    queries_in: int
+    usable: pl.DataFrame
+    groups_formed: int
+    groups: pl.DataFrame
+    dropped_rows: pl.DataFrame
+    dropped_groups: pl.DataFrame
+
+    def summary(self) -> dict[str, Any]:
+        q = ["iteration", "query_id"]
+        return {
+            "rows_in": self.rows_in,
+            "queries_in": self.queries_in,
+            "rows_usable": self.usable.height,
+            "groups_formed": self.groups_formed,
+            "groups_kept": self.groups.height,
+            "queries_with_groups": self.groups.select(q).unique().height,
+            "dropped_rows": count_reasons(self.dropped_rows),
+            "dropped_groups": count_reasons(self.dropped_groups),
+        }
+
+
+def screen(samples: pl.DataFrame, cfg: CurationConfig) -> Screening:
+    """Validate → exclude executor errors → drop near-duplicates → form groups → screen by score std."""
+    df = validate_samples(samples)
+    usable, dropped_exec = exclude_executor_errors(df)
+    usable, dropped_dup = filter_near_duplicates(usable, cfg.tau_sim)
+    groups, dropped_few = form_groups(usable, cfg.n, cfg.g_max, cfg.seed)
+    kept, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)
+    return Screening(
+        rows_in=df.height, queries_in=df.select(["iteration", "query_id"]).unique().height, usable=usable, groups_formed=groups.height, groups=kept,
+        dropped_rows=pl.concat([dropped_exec, dropped_dup]).sort(["iteration", "query_id", "sample_idx"]),
+        dropped_groups=pl.concat([dropped_few, dropped_std]),
+    )
+
+
+@dataclass
+class Sharpening:
+    """Steps 6–7 (the `sharpened_groups` asset): one row per sharpened member with its advantage, and the
+    groups dropped as duplicates of an earlier group (only with `dedup_sharpened_groups`)."""
+
+    members: pl.DataFrame
+    dropped_groups: pl.DataFrame
+
+    def summary(self) -> dict[str, Any]:
+        adv = self.members["advantage"].to_list()
+        return {
+            "groups": self.members["group_id"].n_unique() if self.members.height else 0,
+            "members": self.members.height,
+            "positive_advantage": sum(a > 0 for a in adv),
+            "negative_advantage": sum(a < 0 for a in adv),
+            "zero_advantage": sum(a == 0 for a in adv),
+            "duplicate_groups_dropped": self.dropped_groups.height,
+        }
+
+
+def sharpen(groups: pl.DataFrame, cfg: CurationConfig) -> Sharpening:
+    """Top-t and bottom-t of each kept group, then the group-normalised advantages."""
+    members, dropped = sharpen_groups(groups, cfg.t, dedup=cfg.dedup_sharpened_groups)
+    return Sharpening(compute_advantages(members, cfg.adv_eps, cfg.std_ddof), dropped)
+
+
 @dataclass
 class CurationResult:
-    """What `curate` hands to the pipeline; every frame has a fixed schema, also when empty.
+    """What `curate` returns; every frame has a fixed schema, also when empty.
 
     members         one row per sharpened member (the training rows): iteration, query_id, group_id, sample_idx,
                     score, role, rank, group_mean, group_std, advantage. Join with the input on
@@ -621,7 +707,8 @@ class CurationResult:
                     score_mean, score_std (of the n-group, as screened), top and bottom (sample_idx lists).
     dropped_rows    iteration, query_id, sample_idx, status, score, reason.
     dropped_groups  iteration, query_id, group_id, members, score_std, reason.
-    summary         counts (see `summarize`).
+    summary         counts: rows in and usable, queries in and with groups, groups formed and kept, member rows,
+                    drop reasons of rows and of groups (both stages) by kind.
     """
 
     members: pl.DataFrame
@@ -631,64 +718,29 @@ class CurationResult:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-def _reason_kind(reason: str) -> str:
-    return reason.split(":", 1)[0]
-
-
-def summarize(
-    samples: pl.DataFrame,
-    usable: pl.DataFrame,
-    groups_formed: int,
-    result_groups: pl.DataFrame,
-    members: pl.DataFrame,
-    dropped_rows: pl.DataFrame,
-    dropped_groups: pl.DataFrame,
-) -> dict[str, Any]:
-    """Counts for metadata. Reasons are counted by kind (the part before ':'), e.g. "near_duplicate_of"."""
-    q = ["iteration", "query_id"]
-    return {
-        "rows_in": samples.height,
-        "rows_usable": usable.height,
-        "queries_in": samples.select(q).unique().height,
-        "queries_with_groups": result_groups.select(q).unique().height,
-        "groups_formed": groups_formed,
-        "groups_kept": result_groups.height,
-        "member_rows": members.height,
-        "dropped_rows": dict(sorted(Counter(_reason_kind(r) for r in dropped_rows["reason"].to_list()).items())),
-        "dropped_groups": dict(
-            sorted(Counter(_reason_kind(r) for r in dropped_groups["reason"].to_list()).items())
-        ),
-    }
-
-
 def curate(samples: pl.DataFrame, cfg: CurationConfig) -> CurationResult:
-    """Validate → exclude executor errors → drop near-duplicates → group → screen → sharpen → advantages."""
-    df = validate_samples(samples)
-    kept, dropped_exec = exclude_executor_errors(df)
-    kept, dropped_dup = filter_near_duplicates(kept, cfg.tau_sim)
-    groups, dropped_few = form_groups(kept, cfg.n, cfg.g_max, cfg.seed)
-    screened, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)
-    members, dropped_dupg = sharpen_groups(screened, cfg.t, dedup=cfg.dedup_sharpened_groups)
-    members = compute_advantages(members, cfg.adv_eps, cfg.std_ddof)
-
-    if dropped_dupg.height:
-        screened = screened.join(dropped_dupg.select("group_id"), on="group_id", how="anti", maintain_order="left")
-    halves = members.group_by("group_id", maintain_order=True).agg(
+    """Both stages in one call: `screen` then `sharpen` (the assets run them as two partitions' worth of work)."""
+    sc = screen(samples, cfg)
+    sh = sharpen(sc.groups, cfg)
+    screened = sc.groups
+    if sh.dropped_groups.height:
+        screened = screened.join(sh.dropped_groups.select("group_id"), on="group_id", how="anti",
+                                 maintain_order="left")
+    halves = sh.members.group_by("group_id", maintain_order=True).agg(
         pl.col("sample_idx").filter(pl.col("role") == "top").alias("top"),
         pl.col("sample_idx").filter(pl.col("role") == "bottom").alias("bottom"),
     )
     kept_groups = screened.join(halves, on="group_id", how="left", maintain_order="left")
-
-    dropped_rows = pl.concat([dropped_exec, dropped_dup]).sort(["iteration", "query_id", "sample_idx"])
-    dropped_groups = pl.concat([dropped_few, dropped_std, dropped_dupg])
-    summary = summarize(df, kept, groups.height, kept_groups, members, dropped_rows, dropped_groups)
-    return CurationResult(
-        members=members,
-        groups=kept_groups,
-        dropped_rows=dropped_rows,
-        dropped_groups=dropped_groups,
-        summary=summary,
-    )
+    dropped_groups = pl.concat([sc.dropped_groups, sh.dropped_groups])
+    first = sc.summary()
+    summary = {"rows_in": first["rows_in"], "rows_usable": first["rows_usable"],
+               "queries_in": first["queries_in"],
+               "queries_with_groups": kept_groups.select(["iteration", "query_id"]).unique().height,
+               "groups_formed": first["groups_formed"], "groups_kept": kept_groups.height,
+               "member_rows": sh.members.height, "dropped_rows": first["dropped_rows"],
+               "dropped_groups": count_reasons(dropped_groups)}
+    return CurationResult(members=sh.members, groups=kept_groups, dropped_rows=sc.dropped_rows,
+                          dropped_groups=dropped_groups, summary=summary)
 
 
 # --------------------------------------------------------------------------------------------------------------

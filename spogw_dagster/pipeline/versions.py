@@ -1,9 +1,17 @@
-"""Code versions of the assets: a hash of the source files each asset's output depends on plus the config
-sections it reads (`config.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version
-changed") when either changes."""
+"""Code versions of the assets: a hash of every source file an asset's module imports, transitively (module-level
+and function-level imports inside the package, read from the source, so nothing is kept by hand), plus the
+files those modules load at run time instead of importing (`RUNTIME_FILES`), plus the config sections the asset
+reads (`config.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version changed") when
+either changes.
+
+The closure is deliberately generous: the resource that hands every asset its services imports the executors,
+the sandbox and the sampler lazily, so most assets cover most of the package. A version that changes too often
+costs a rerun; one that misses a file would hide stale data.
+"""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from functools import lru_cache
 from pathlib import Path
@@ -11,35 +19,75 @@ from pathlib import Path
 from .config import SpogwConfig, section_hash
 
 _PKG = Path(__file__).resolve().parent.parent  # spogw_dagster/
-_SANDBOX = _PKG.parent / "sandbox"
+_ROOT = _PKG.parent
+_NAME = _PKG.name
 
-_COMMON = ["pipeline/assets.py", "pipeline/tables.py", "pipeline/storage.py", "pipeline/io.py", "types.py",
-           "seeds.py"]
-ASSET_CODE: dict[str, list[str]] = {
-    "sampled_workflows": ["core/sampling.py", "models.py", "workflow/template.py", "workflow/parser.py",
-                          "pipeline/lineage.py"],
-    "execution_scores": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
-                         "seccomp.py", "docker_sandbox.py", "pipeline/rewards.py", "pipeline/resources.py",
-                         "@sandbox/*.py"],
-    "screened_groups": ["core/curation.py", "core/config.py"],
-    "sharpened_groups": ["core/curation.py", "core/config.py"],
-    "lora_checkpoint": ["core/trainer.py", "core/objectives.py", "core/logprobs.py", "core/config.py", "models.py",
-                        "pipeline/adapters.py", "fsutil.py"],
-    "benchmark_report": ["evaluation.py", "workflow/*.py", "executors/*.py", "benchmarks/*.py", "isolation.py", "cgroups.py",
-                         "seccomp.py", "docker_sandbox.py", "core/sampling.py", "core/stats.py", "models.py",
-                         "pipeline/heldout.py", "pipeline/rewards.py", "pipeline/resources.py", "@sandbox/*.py"],
+# Files a module reads and runs in another process rather than importing (the sandbox's own scripts).
+RUNTIME_FILES: dict[str, str] = {
+    "isolation.py": "sandbox/*.py",
+    "docker_sandbox.py": "sandbox/*",
+    "benchmarks/verdict.py": "sandbox/*.py",
 }
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] != _NAME:
+        return None
+    p = _ROOT.joinpath(*parts)
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+def _imported_names(path: Path) -> list[str]:
+    """Every module name an import statement in `path` may refer to (`from a import b` gives a and a.b)."""
+    rel = path.relative_to(_ROOT).with_suffix("")
+    package = list(rel.parts[:-1])
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return names
+
+
+@lru_cache(maxsize=None)
+def import_closure(module: str) -> tuple[str, ...]:
+    """Source files (relative to the package) that `module` imports, transitively, itself included; a
+    submodule brings its packages' __init__ files."""
+    seen: set[Path] = set()
+    todo = [_module_file(module)]
+    while todo:
+        path = todo.pop()
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_names(path):
+            parts = name.split(".")
+            todo += [_module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
+    return tuple(sorted(str(p.relative_to(_PKG)) for p in seen))
+
+
+def asset_files(asset: str) -> list[Path]:
+    """Every file whose content is part of `asset`'s code version."""
+    files = [_PKG / f for f in import_closure(f"{_NAME}.pipeline.assets.{asset}")]
+    for rel in import_closure(f"{_NAME}.pipeline.assets.{asset}"):
+        if rel in RUNTIME_FILES:
+            files += sorted(p for p in _ROOT.glob(RUNTIME_FILES[rel]) if p.is_file())
+    return sorted(set(files))
 
 
 @lru_cache(maxsize=None)
 def source_hash(asset: str) -> str:
     h = hashlib.sha256()
-    for pattern in _COMMON + ASSET_CODE[asset]:
-        base, pat = (_SANDBOX, pattern[len("@sandbox/"):]) if pattern.startswith("@sandbox/") else (_PKG, pattern)
-        for p in sorted(base.glob(pat)):
-            if p.is_file():
-                h.update(str(p.relative_to(base)).encode())
-                h.update(p.read_bytes())
+    for p in asset_files(asset):
+        h.update(str(p.relative_to(_ROOT)).encode())
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 

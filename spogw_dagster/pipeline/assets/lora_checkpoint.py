@@ -1,0 +1,98 @@
+"""lora_checkpoint(k): the LoRA adapter of iteration k, trained with the configured objective (ioGRPO + mKL by
+default) on the sharpened groups, continuing from lora_checkpoint(k-1). With no training data the parent
+policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from .. import tables
+from ..lineage import adapter_sha256
+from ..partitions import key_to_int
+from ..resources import SpogwResource
+from .common import common_metadata, parent_or_fail, say
+
+NAME = "lora_checkpoint"
+GROUP = "training"
+KINDS = {"pytorch", "parquet"}
+DESCRIPTION = ("LoRA adapter of iteration k trained on the sharpened groups (objective from the config; ioGRPO + "
+               "mKL by default), continuing from lora_checkpoint(k-1).")
+
+
+def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, sharpened_groups: pl.DataFrame,
+            sampled_workflows: pl.DataFrame) -> pl.DataFrame:
+    t0 = time.monotonic()
+    cfg = spogw.config()
+    key = context.partition_key
+    store = spogw.store()
+    parent = parent_or_fail(store, key)
+    examples = tables.training_examples(sharpened_groups, sampled_workflows)
+    out = store.adapter_dir(key)
+    stats, reused = _train_or_carry(context, cfg, examples, out, parent)
+    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), cfg.train_config().objective)
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats)})
+    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
+                 f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
+                 + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
+    return tables.checkpoint_frame(row)
+
+
+def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
+    """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
+    from spogw_dagster.core.trainer import train_lora
+
+    from ..adapters import carry_forward
+
+    tcfg = cfg.train_config()
+    if not examples:
+        context.log.warning("no training examples (no group survived screening): the parent policy is carried "
+                            "forward unchanged as this iteration's checkpoint")
+        return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
+                             reason="no training examples: every group was screened out"), False
+    say(context, f"training {tcfg.objective} on {len(examples)} examples "
+                 f"(previous adapter: {parent.partition if parent else 'none'})")
+    res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
+                     previous_adapter=parent.path if parent else None,
+                     log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"))
+    return res.stats, res.reused
+
+
+def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examples: int,
+         objective: str) -> dict[str, Any]:
+    summary = stats.get("summary", {})
+    steps = stats.get("steps", [])
+    return {
+        "iteration": k, "adapter_path": str(out), "adapter_sha256": adapter_sha256(out),
+        "parent_iteration": parent.iteration if parent else None,
+        "parent_adapter_sha256": parent.sha256 if parent else None,
+        "trained": n_examples > 0, "reused": reused, "n_examples": n_examples,
+        "optimizer_steps": int(summary.get("optimizer_steps") or 0),
+        "first_loss": summary.get("first_loss"), "last_loss": summary.get("last_loss"),
+        "loss_curve": tables.step_curve(steps, "loss"), "kl_curve": tables.step_curve(steps, "kl"),
+        "train_seconds": summary.get("train_seconds"), "run_hash": stats.get("run_hash"), "objective": objective,
+    }
+
+
+def _metadata(row: dict[str, Any], parent, stats: dict[str, Any]) -> dict[str, Any]:
+    md: dict[str, Any] = {
+        "adapter_path": dg.MetadataValue.path(row["adapter_path"]),
+        "adapter_sha256": dg.MetadataValue.text(row["adapter_sha256"]),
+        "parent_checkpoint": dg.MetadataValue.json(parent.as_metadata() if parent else {"partition": None}),
+        "trained": dg.MetadataValue.bool(row["trained"]),
+        "reused_identical_run": dg.MetadataValue.bool(row["reused"]),
+        "examples": dg.MetadataValue.int(row["n_examples"]),
+        "optimizer_steps": dg.MetadataValue.int(row["optimizer_steps"]),
+        "objective": dg.MetadataValue.text(row["objective"]),
+        "training_summary": dg.MetadataValue.json({k: v for k, v in stats.get("summary", {}).items() if v is not None}),
+    }
+    losses, kls = row["loss_curve"], row["kl_curve"]
+    if losses:
+        from ..plots import curve
+
+        md["loss_curve"] = dg.MetadataValue.md(curve(losses, f"iteration {row['iteration']}: training loss", "loss",
+                                                     {"kl": kls} if kls else None))
+        md["last_loss"] = dg.MetadataValue.float(float(losses[-1]))
+    return md

@@ -1,0 +1,63 @@
+"""sampled_workflows(k): m workflows per training query from π_{k-1} (the base model at k = 0), with the
+sampled tokens and their log-probs (π_old for the trainer)."""
+
+import time
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from ...seeds import derive_seed
+from .. import tables
+from ..partitions import key_to_int
+from ..resources import SpogwResource
+from .common import common_metadata, md_table, parent_or_fail, say
+
+NAME = "sampled_workflows"
+GROUP = "sampling"
+KINDS = {"python", "parquet"}
+DESCRIPTION = ("m workflows per training query sampled from π_{k-1} (the base model at k = 0) with per-token "
+               "log-probs; fails fast when lora_checkpoint(k-1) is missing.")
+
+
+def compute(context: dg.AssetExecutionContext, spogw: SpogwResource) -> pl.DataFrame:
+    from ..heldout import generate_samples
+
+    t0 = time.monotonic()
+    cfg = spogw.config()
+    key = context.partition_key
+    k = key_to_int(key)
+    parent = parent_or_fail(spogw.store(), key)
+    problems = spogw.train_queries()
+    seed = derive_seed(cfg.generator.seed, "sample", k)
+    say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} queries from "
+                 f"{'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
+    prompts, samples, tps = generate_samples(spogw, parent.path if parent else None, problems, n=cfg.curation.m,
+                                             temperature=cfg.generator.temperature, seed=seed)
+    df = tables.sampled_frame(
+        k, [p.id for p in problems], prompts, samples, problems[0].family,
+        parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,
+        generator=cfg.generator.model,
+    )
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(df, parent, len(problems), tps, seed)})
+    say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
+                 f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
+    return df
+
+
+def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int) -> dict[str, Any]:
+    parse = dict(Counter(df["parse_status"].to_list()))
+    return {
+        "parent_checkpoint": dg.MetadataValue.json(
+            parent.as_metadata() if parent else {"partition": None, "path": None, "adapter_sha256": None,
+                                                 "note": "iteration 0 samples from the base model"}),
+        "parent_partition": dg.MetadataValue.text(parent.partition if parent else "base"),
+        "queries": dg.MetadataValue.int(queries),
+        "workflows": dg.MetadataValue.int(df.height),
+        "parse_status": md_table(parse, ("parse status", "workflows")),
+        "valid_rate": dg.MetadataValue.float(round(parse.get("ok", 0) / max(1, df.height), 4)),
+        "mean_tokens": dg.MetadataValue.float(round(float(df["n_tokens"].mean() or 0), 2)),
+        "generation_tokens_per_s": dg.MetadataValue.float(round(tps, 2)),
+        "seed": dg.MetadataValue.int(seed),
+    }
