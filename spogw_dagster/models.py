@@ -32,12 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster import paths
+from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.fsutil import file_sha256
-
-# torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
-# executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).
-# Passive waiting avoids it. Only effective if set before torch is first imported; a user's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DEFAULT_MODEL = "smollm2"
 ALIASES = ("smollm2", "smollm2-135m-instruct")
@@ -266,7 +262,7 @@ def check_adapter_folder(adapter_path: str | os.PathLike[str]) -> Path:
     p = Path(adapter_path).expanduser()
     if not p.is_dir():
         raise ModelSpecError(f"adapter folder {p} does not exist; fix: pass the folder a training run wrote")
-    if not (p / "adapter_config.json").is_file():
+    if not (p / ADAPTER_CONFIG).is_file():
         raise ModelSpecError(
             f"{p} holds no adapter_config.json, so it is not a PEFT adapter folder; fix: pass the folder "
             "written by the trainer (adapter_config.json + adapter_model.safetensors)"

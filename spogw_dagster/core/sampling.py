@@ -29,12 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.types import SamplingParams
-
-# torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
-# executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).
-# Passive waiting avoids it. Only effective if set before torch is first imported; a user's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = [
     "SampleResult",
@@ -609,7 +605,7 @@ class TransformersSampler:
 
 
 def _vllm_lora_rank(adapter_path: str) -> int:
-    cfg = json.loads((Path(adapter_path) / "adapter_config.json").read_text())
+    cfg = json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text())
     r = int(cfg.get("r", 8))
     # vLLM accepts a fixed menu of max_lora_rank values; take the smallest one that fits.
     for cand in (8, 16, 32, 64, 128, 256, 320, 512):

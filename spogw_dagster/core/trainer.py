@@ -46,17 +46,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from spogw_dagster.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
 from spogw_dagster.core.config import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
 
 # peft asks transformers for a deprecated attribute on every step; the warning says nothing about our run.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-# torch's OpenMP threads busy-wait by default; on a shared 2-core machine anything else running (the
-# executor, the sandbox) then slows torch down ~8x (measured: 19 s vs 2.4 s for the same generate call).
-# Passive waiting avoids it. Only effective if set before torch is first imported; a user's value wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = [
     "TrainConfig",
@@ -68,8 +64,6 @@ __all__ = [
     "STATS_FILE",
 ]
 
-STATS_FILE = "training_stats.json"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,7 +477,7 @@ def _lora_config(cfg: TrainConfig):
 
 
 def _check_previous_matches(prev: Path, cfg: TrainConfig) -> None:
-    pc = json.loads((prev / "adapter_config.json").read_text())
+    pc = json.loads((prev / ADAPTER_CONFIG).read_text())
     theirs = (int(pc.get("r", -1)), float(pc.get("lora_alpha", -1)), sorted(pc.get("target_modules") or []))
     ours = (cfg.lora_r, float(cfg.lora_alpha), sorted(cfg.target_modules))
     if theirs != ours:
@@ -506,14 +500,13 @@ def train_lora(
     reuse_existing: bool = True,
     log: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`."""
+    """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`.
+
+    Stages: identify the run (and reuse an identical finished one) → tokenize → π_old / π_ref → the trainable
+    adapter → optimize → (optionally) how the log-probs moved → save."""
     import torch
 
-    from spogw_dagster.models import (
-        check_adapter_folder,
-        load_model_and_tokenizer,
-        resolve_model,
-    )
+    from spogw_dagster.models import check_adapter_folder, load_model_and_tokenizer, resolve_model
 
     cfg = cfg or TrainConfig()
     exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
@@ -524,34 +517,78 @@ def train_lora(
     prev = check_adapter_folder(previous_adapter) if previous_adapter is not None else None
     if prev is not None and cfg.init == "continue":
         _check_previous_matches(prev, cfg)
-
-    hashes = {
-        "config": _sha(cfg.to_dict()),
-        "data": data_hash(exs),
-        "base_model": _sha(_model_identity(folder)),
-        "previous_adapter": _file_sha(prev / "adapter_model.safetensors") if prev is not None else None,
-    }
+    hashes = run_hashes(cfg, exs, folder, prev)
     run_hash = _sha(hashes)
-    if reuse_existing and (out / STATS_FILE).is_file() and all((out / f).is_file() for f in ADAPTER_FILES):
-        try:
-            old_stats = json.loads((out / STATS_FILE).read_text())
-        except ValueError:
-            old_stats = {}
-        if old_stats.get("run_hash") == run_hash:
-            return TrainResult(out, old_stats, reused=True)
+    if reuse_existing and (done := _finished_run(out, run_hash)) is not None:
+        return TrainResult(out, done, reused=True)
 
     t_start = time.perf_counter()
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if cfg.device == "auto" else cfg.device))
+    device = _device(cfg)
     torch.manual_seed(cfg.seed)
     model, tok = load_model_and_tokenizer(folder, dtype=cfg.dtype)
     model.to(device)
-    pad_id = tok.pad_token_id
     items = _tokenize(exs, tok, cfg)
-
-    # ---- π_old and π_ref, precomputed under no_grad with the data-producing policy ---------------
     t0 = time.perf_counter()
-    from peft import PeftModel, get_peft_model
+    model = _reference_passes(model, items, prev, cfg, tok.pad_token_id, device)
+    precompute_s = time.perf_counter() - t0
+    model, params = _trainable_adapter(model, prev, cfg, device)
+    run = _optimize(model, params, items, cfg, tok.pad_token_id, device, log)
+    per_example, moved = _log_prob_shift(model, items, cfg, tok.pad_token_id, device) if cfg.eval_after else ([], {})
+    stats = {
+        "run_hash": run_hash,
+        "hashes": hashes,
+        "config": cfg.to_dict(),
+        "base_model": str(folder),
+        "previous_adapter": str(prev) if prev is not None else None,
+        "n_examples": len(items),
+        "n_trainable_params": sum(p.numel() for p in params),
+        "steps": run.steps,
+        "summary": {
+            **run.summary(),
+            "precompute_seconds": round(precompute_s, 3),
+            "total_seconds": round(time.perf_counter() - t_start, 3),
+            "device": str(device),
+            **moved,
+        },
+        "examples": per_example,
+    }
+    _save_adapter(model, out, folder, stats)
+    return TrainResult(out, stats)
+
+
+def run_hashes(cfg: TrainConfig, exs: Sequence[TrainExample], folder: Path, prev: Path | None) -> dict[str, Any]:
+    """What identifies a training run: config, data, base model and previous adapter (each hashed)."""
+    return {
+        "config": _sha(cfg.to_dict()),
+        "data": data_hash(exs),
+        "base_model": _sha(_model_identity(folder)),
+        "previous_adapter": _file_sha(prev / ADAPTER_WEIGHTS) if prev is not None else None,
+    }
+
+
+def _finished_run(out: Path, run_hash: str) -> dict[str, Any] | None:
+    """The stats of a finished run with this hash in `out`, else None."""
+    if not ((out / STATS_FILE).is_file() and all((out / f).is_file() for f in ADAPTER_FILES)):
+        return None
+    try:
+        old_stats = json.loads((out / STATS_FILE).read_text())
+    except ValueError:
+        return None
+    return old_stats if old_stats.get("run_hash") == run_hash else None
+
+
+def _device(cfg: TrainConfig):
+    import torch
+
+    if cfg.device != "auto":
+        return torch.device(cfg.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _reference_passes(model, items: list[_Item], prev: Path | None, cfg: TrainConfig, pad_id: int, device):
+    """π_old and π_ref under no_grad, with the policy that produced the data (the previous adapter loaded as a
+    frozen adapter named "previous"). Fills each item's `old` / `ref`; returns the (possibly wrapped) model."""
+    from peft import PeftModel
 
     if prev is not None:
         model = PeftModel.from_pretrained(model, str(prev), adapter_name="previous", is_trainable=False)
@@ -571,9 +608,15 @@ def train_lora(
             _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=True)
     if cfg.needs_ref and any(it.ref is None for it in items):  # pragma: no cover - internal consistency
         raise RuntimeError("reference log-probs missing after precompute")
-    precompute_s = time.perf_counter() - t0
+    return model
 
-    # ---- the trainable adapter ----------------------------------------------------------------------
+
+def _trainable_adapter(model, prev: Path | None, cfg: TrainConfig, device):
+    """π_θ: a copy of the previous adapter (init "continue") or a fresh seeded LoRA; only LoRA weights train.
+    Returns (model, trainable parameters)."""
+    import torch
+    from peft import get_peft_model
+
     if prev is not None:
         if cfg.init == "continue":
             model.load_adapter(str(prev), adapter_name="default", is_trainable=True)
@@ -593,115 +636,118 @@ def train_lora(
             params.append(p)
     if not params:  # pragma: no cover
         raise RuntimeError("no trainable LoRA parameters; check target_modules against the model's module names")
-    n_trainable = sum(p.numel() for p in params)
+    return model, params
+
+
+@dataclass
+class _Run:
+    steps: list[dict[str, Any]]
+    tokens: int
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "optimizer_steps": len(self.steps),
+            "completion_tokens_trained": self.tokens,
+            "train_seconds": round(self.seconds, 3),
+            "train_tokens_per_second": round(self.tokens / self.seconds, 2) if self.seconds > 0 else None,
+            "first_loss": self.steps[0].get("loss") if self.steps else None,
+            "last_loss": self.steps[-1].get("loss") if self.steps else None,
+        }
+
+
+def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, device,
+              log: Callable[[dict[str, Any]], None] | None) -> _Run:
+    """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows."""
+    import torch
 
     opt = torch.optim.AdamW(
         params, lr=cfg.learning_rate, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
     )
     epoch_batches = [_batches(items, cfg, e) for e in range(cfg.epochs)]
-    steps_per_epoch = [math.ceil(len(b) / cfg.grad_accum) for b in epoch_batches]
-    total_steps = sum(steps_per_epoch)
+    total_steps = sum(math.ceil(len(b) / cfg.grad_accum) for b in epoch_batches)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg, total_steps))
     ocfg = cfg.objective_config()
-
     torch.manual_seed(cfg.seed)
     model.train()
-    step_stats: list[dict[str, Any]] = []
-    total_tokens = 0
+    run = _Run([], 0, 0.0)
     t_train = time.perf_counter()
-    step = 0
     for epoch, batches in enumerate(epoch_batches):
         for s in range(0, len(batches), cfg.grad_accum):
-            group = batches[s : s + cfg.grad_accum]
-            rows_in_step = sum(len(b) for b in group)
-            ts = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            acc: dict[str, float] = {}
-            tokens = 0
-            for mb in group:
-                logp, cb = _micro_batch_logprobs(model, mb, cfg, pad_id, device)
-                res = _micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
-                w = len(mb) / rows_in_step
-                (res.loss * w).backward()
-                for k, v in res.metrics().items():
-                    acc[k] = acc.get(k, 0.0) + w * float(v)
-                tokens += int(cb.completion_mask.sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
-            )
-            lr = sched.get_last_lr()[0]
+            st = _optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, ocfg, pad_id, device)
+            st = {"step": len(run.steps), "epoch": epoch, "lr": sched.get_last_lr()[0], **st}
             opt.step()
             sched.step()
-            total_tokens += tokens
-            st = {
-                "step": step,
-                "epoch": epoch,
-                "rows": rows_in_step,
-                "tokens": tokens,
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                **{k: round(v, 8) for k, v in acc.items()},
-                "seconds": round(time.perf_counter() - ts, 4),
-            }
-            step_stats.append(st)
+            run.tokens += st["tokens"]
+            run.steps.append(st)
             if log is not None:
                 log(st)
-            step += 1
-    train_s = time.perf_counter() - t_train
+    run.seconds = time.perf_counter() - t_train
+    return run
 
-    # ---- how the log-probs moved ------------------------------------------------------------------
-    model.eval()
-    per_example: list[dict[str, Any]] = []
-    moved: dict[str, Any] = {}
-    if cfg.eval_after:
-        _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False)
-        for it in items:
-            start = it.old if it.old is not None else it.ref
-            per_example.append(
-                {
-                    "index": it.idx,
-                    "advantage": it.advantage,
-                    "tokens": len(it.completion_ids),
-                    "mean_logp_before": (sum(start) / len(start)) if start is not None else None,
-                    "mean_logp_after": sum(it.final) / len(it.final),
-                }
-            )
-        for name, sel in (("positive", lambda a: a > 0), ("negative", lambda a: a < 0)):
-            rows = [r for r in per_example if sel(r["advantage"]) and r["mean_logp_before"] is not None]
-            if rows:
-                moved[f"delta_mean_logp_{name}"] = round(
-                    sum(r["mean_logp_after"] - r["mean_logp_before"] for r in rows) / len(rows), 6
-                )
 
-    # ---- save atomically ----------------------------------------------------------------------------
-    stats = {
-        "run_hash": run_hash,
-        "hashes": hashes,
-        "config": cfg.to_dict(),
-        "base_model": str(folder),
-        "previous_adapter": str(prev) if prev is not None else None,
-        "n_examples": len(items),
-        "n_trainable_params": n_trainable,
-        "steps": step_stats,
-        "summary": {
-            "optimizer_steps": step,
-            "completion_tokens_trained": total_tokens,
-            "precompute_seconds": round(precompute_s, 3),
-            "train_seconds": round(train_s, 3),
-            "total_seconds": round(time.perf_counter() - t_start, 3),
-            "train_tokens_per_second": round(total_tokens / train_s, 2) if train_s > 0 else None,
-            "first_loss": step_stats[0].get("loss") if step_stats else None,
-            "last_loss": step_stats[-1].get("loss") if step_stats else None,
-            "device": str(device),
-            **moved,
-        },
-        "examples": per_example,
+def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConfig, ocfg: ObjectiveConfig,
+                    pad_id: int, device) -> dict[str, Any]:
+    """Gradients of one optimizer step (each micro-batch's loss weighted by its share of the rows), clipped."""
+    import torch
+
+    rows_in_step = sum(len(b) for b in group)
+    ts = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    acc: dict[str, float] = {}
+    tokens = 0
+    for mb in group:
+        logp, cb = _micro_batch_logprobs(model, mb, cfg, pad_id, device)
+        res = _micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
+        w = len(mb) / rows_in_step
+        (res.loss * w).backward()
+        for k, v in res.metrics().items():
+            acc[k] = acc.get(k, 0.0) + w * float(v)
+        tokens += int(cb.completion_mask.sum())
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
+    )
+    return {
+        "rows": rows_in_step,
+        "tokens": tokens,
+        "grad_norm": float(grad_norm),
+        **{k: round(v, 8) for k, v in acc.items()},
+        "seconds": round(time.perf_counter() - ts, 4),
     }
+
+
+def _log_prob_shift(model, items: list[_Item], cfg: TrainConfig, pad_id: int, device):
+    """One more no-grad pass: each example's mean log-prob before and after training, and the mean change for
+    positive- and negative-advantage rows. Returns (per-example rows, summary entries)."""
+    model.eval()
+    _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False)
+    per_example: list[dict[str, Any]] = []
+    for it in items:
+        start = it.old if it.old is not None else it.ref
+        per_example.append({
+            "index": it.idx,
+            "advantage": it.advantage,
+            "tokens": len(it.completion_ids),
+            "mean_logp_before": (sum(start) / len(start)) if start is not None else None,
+            "mean_logp_after": sum(it.final) / len(it.final),
+        })
+    moved: dict[str, Any] = {}
+    for name, sel in (("positive", lambda a: a > 0), ("negative", lambda a: a < 0)):
+        rows = [r for r in per_example if sel(r["advantage"]) and r["mean_logp_before"] is not None]
+        if rows:
+            moved[f"delta_mean_logp_{name}"] = round(
+                sum(r["mean_logp_after"] - r["mean_logp_before"] for r in rows) / len(rows), 6
+            )
+    return per_example, moved
+
+
+def _save_adapter(model, out: Path, folder: Path, stats: dict[str, Any]) -> None:
+    """Write the PEFT folder and the stats into a temporary sibling, then rename it into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         model.save_pretrained(str(tmp), safe_serialization=True)
-        cfg_path = tmp / "adapter_config.json"
+        cfg_path = tmp / ADAPTER_CONFIG
         acfg = json.loads(cfg_path.read_text())
         acfg["base_model_name_or_path"] = str(folder)
         cfg_path.write_text(json.dumps(acfg, indent=2, sort_keys=True))
@@ -713,7 +759,6 @@ def train_lora(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return TrainResult(out, stats)
 
 
 def score_examples(

@@ -15,8 +15,3 @@ Module map (the Dagster-free modules come first; they hold the logic and are uni
 - `assets`, `checks`, `sensors`, `definitions`, `loop`   the Dagster objects and the in-process loop
 """
 
-import os as _os
-
-# Before anything imports torch (see spogw_dagster/models.py: torch's busy-waiting OpenMP threads make it
-# several times slower when other processes share the CPU).
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

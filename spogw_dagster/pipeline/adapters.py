@@ -16,9 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ..adapter_files import ADAPTER_CONFIG, STATS_FILE
 from ..fsutil import replace_dir
-
-STATS_FILE = "training_stats.json"
 
 
 def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | None, tcfg, base_model: str,
@@ -58,7 +57,7 @@ def _identity_adapter(folder: Path, tcfg, base_model: str) -> None:
                       target_modules=list(tcfg.target_modules), bias="none", task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, lcfg)  # LoRA B = 0: the adapted model equals the base model
     peft_model.save_pretrained(str(folder), safe_serialization=True)
-    cfg_path = folder / "adapter_config.json"
+    cfg_path = folder / ADAPTER_CONFIG
     acfg = json.loads(cfg_path.read_text())
     acfg["base_model_name_or_path"] = str(resolve_model(base_model))
     cfg_path.write_text(json.dumps(acfg, indent=2, sort_keys=True))

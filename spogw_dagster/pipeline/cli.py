@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..adapter_files import ADAPTER_WEIGHTS
+
 COMMANDS = ("run", "catalog", "evaluate", "compare")
 
 
@@ -141,7 +143,7 @@ def _policy(path: str | None, kind: str):
     if path is None or path == "base":
         return Policy("base", kind)
     p = Path(path).expanduser().resolve()
-    if not (p / "adapter_model.safetensors").is_file():
+    if not (p / ADAPTER_WEIGHTS).is_file():
         raise ConfigValidationError(f"{p} holds no adapter_model.safetensors; pass a LoRA adapter folder "
                                     "(e.g. assets/lora_checkpoint/0001) or 'base'")
     return Policy(f"adapter:{p.name}", kind, p, None, adapter_sha256(p))

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS
 from ..fsutil import file_sha256
 from .partitions import key_to_int, previous_key
 from .storage import AssetStore
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 class MissingCheckpointError(RuntimeError):
@@ -35,7 +35,7 @@ class ParentCheckpoint:
 
 
 def adapter_sha256(folder: Path) -> str:
-    return file_sha256(Path(folder) / "adapter_model.safetensors")
+    return file_sha256(Path(folder) / ADAPTER_WEIGHTS)
 
 
 def parent_checkpoint(store: AssetStore, partition: str) -> ParentCheckpoint | None:

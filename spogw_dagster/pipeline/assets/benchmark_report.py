@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from ...adapter_files import ADAPTER_WEIGHTS
 from .. import heldout as ho
 from .. import tables
 from ..lineage import adapter_sha256
@@ -74,7 +75,7 @@ def _policies(spogw: SpogwResource, key: str, ckpt: dict[str, Any], cfg, *, per_
     """Checkpoint k, π_{k-1}, and π_{k-1}'s rows from the previous report when they can be reused (same adapter,
     config and sample count), else None."""
     adapter = Path(ckpt["adapter_path"])
-    if not (adapter / "adapter_model.safetensors").is_file():
+    if not (adapter / ADAPTER_WEIGHTS).is_file():
         raise dg.Failure(f"lora_checkpoint[{key}] points at {adapter}, which holds no adapter; "
                          f"rematerialize lora_checkpoint for {key}")
     store = spogw.store()
