@@ -21,8 +21,8 @@ import pytest
 
 from spogw_dagster.pipeline import tables
 from spogw_dagster.pipeline.catalog import query
-from spogw_dagster.pipeline.config import load_config
-from spogw_dagster.pipeline.definitions import build_definitions
+from spogw_dagster.pipeline.settings import load_config
+from spogw_dagster.pipeline.wiring import build_definitions
 from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.sensors import JOB_NAME
 from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
@@ -116,7 +116,7 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
         assert sampled.height == d * m and scores.height == d * m
         assert sampled.group_by("query_id").len()["len"].to_list() == [m] * d
         report = store.read_parquet("benchmark_report", key)
-        assert report.schema == pl.Schema(tables.REPORT_SCHEMA) and report.height > 0
+        assert report.schema == pl.Schema(tables.REPORT_SCHEMA) and report.height == 6 * len(tables.METRICS)
         assert report["kind"].unique(maintain_order=True).to_list() == ["checkpoint", "previous", "baseline"]
         # policies greedy + k sampled, the io baseline greedy + baseline_samples; every metric for each
         rep = cfg.report
@@ -142,12 +142,15 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
         assert ck.height == 1 and Path(ck["adapter_path"][0]) == store.adapter_dir(key)
         assert (store.adapter_dir(key) / "adapter_model.safetensors").is_file()
         for t in ASSET_NAMES + ("heldout_results",):
-            assert store.read_parquet(t, key)["iteration"].unique().to_list() in ([it], [])
-    # one view per table, every table with an iteration column, rows per iteration as in the files
+            n_rows = store.read_parquet(t, key).height
+            assert store.read_parquet(t, key)["iteration"].unique().to_list() == ([it] if n_rows else []), t
+    # one view per table, every table with an iteration column, rows per iteration exactly as the ci profile
+    # implies (sharpened_groups: 2t x kept groups, which may be 0 when no query formed a group)
     for t in ASSET_NAMES + ("heldout_results",):
         rows = dict(query(store, f"select iteration, count(*) from {t} group by 1"))
-        expect = {it: store.read_parquet(t, key).height for key, it in (("0000", 0), ("0001", 1))}
-        assert rows == {k: v for k, v in expect.items() if v}, t
+        expect = {it: _expected_rows(store, key)[t] for key, it in (("0000", 0), ("0001", 1))}
+        assert rows == {k: v for k, v in expect.items() if v}, (t, rows, expect)
+        assert all(v > 0 for k, v in expect.items()) or t == "sharpened_groups", (t, expect)
     assert query(store, "select count(*) from execution_scores where iteration = 1") == loop["views1"]
     stat = query(store, "select iteration, status, avg(score) from execution_scores group by all order by 1, 2")
     assert {r[0] for r in stat} == {0, 1}
@@ -155,6 +158,95 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
     curve = query(store, "select step, system, value, ci_low, ci_high from learning_curve "
                          "where metric = 'answer_score' and mode = 'sampled' order by step")
     assert [(r[0], r[1]) for r in curve] == [(-1, "base"), (0, "spogw@0000"), (1, "spogw@0001")]
+
+
+
+# Hand counts for the `ci` profile (pipeline/profiles.py): d = 2 training queries, m = n = 4, t = 1, g_max = 1
+# (C(4, 4) = 1 group per query), tau_std = 0 (every formed group is kept: a std is >= 0), R = 1 run; h = 2
+# held-out queries, report samples k = 2, baseline io with 1 sample; batch_size 4, 1 epoch.
+CI = {"d": 2, "m": 4, "n": 4, "t": 1, "g_max": 1, "tau_std": 0.0, "runs": 1, "h": 2, "samples": 2,
+      "baselines": ["io"], "baseline_samples": 1, "batch_size": 4, "grad_accum": 1, "epochs": 1}
+
+
+def _ci_profile_is_what_the_hand_counts_assume() -> None:
+    cfg = load_config("ci")
+    got = {"d": cfg.benchmark.train_queries, "m": cfg.curation.m, "n": cfg.curation.n, "t": cfg.curation.t,
+           "g_max": cfg.curation.g_max, "tau_std": cfg.curation.tau_std, "runs": cfg.execution.runs,
+           "h": cfg.benchmark.heldout_queries, "samples": cfg.report.samples, "baselines": list(cfg.report.baselines),
+           "baseline_samples": cfg.report.baseline_samples, "batch_size": cfg.training.batch_size,
+           "grad_accum": cfg.training.grad_accum, "epochs": cfg.training.epochs}
+    assert got == CI, "the ci profile changed: recompute the hand counts of this test"
+
+
+def _expected_rows(store: AssetStore, key: str) -> dict[str, int]:
+    """Rows each table of partition `key` must hold. Fixed by the profile except sharpened_groups, which is
+    2t x (kept groups), and kept groups depend on the model's output (a query whose near-duplicate or
+    executor-error rows leave fewer than n workflows forms no group)."""
+    kept = store.read_parquet("screened_groups", key).filter(pl.col("kept")).height
+    d, m, t, h = CI["d"], CI["m"], CI["t"], CI["h"]
+    return {
+        "sampled_workflows": d * m,  # 2 x 4 = 8
+        "execution_scores": d * m,  # one row per sampled workflow (R runs are averaged into it): 8
+        "screened_groups": d,  # per query exactly one row: its single group (kept) or a too_few_workflows row
+        "sharpened_groups": 2 * t * kept,  # 2 members per kept group
+        "lora_checkpoint": 1,
+        # every (system, mode) of {checkpoint, previous, io} x {greedy, sampled}: 6 x len(METRICS)
+        "benchmark_report": 6 * len(tables.METRICS),
+        # policies: 2 x h x (1 greedy + k sampled) = 12; baseline io: h x (1 + 1) = 4
+        "heldout_results": 2 * h * (1 + CI["samples"]) + h * (1 + CI["baseline_samples"]),
+    }
+
+
+def test_each_table_holds_exactly_the_rows_the_ci_profile_implies(loop):
+    _ci_profile_is_what_the_hand_counts_assume()
+    store: AssetStore = loop["store"]
+    d, m, n, t = CI["d"], CI["m"], CI["n"], CI["t"]
+    for key, it in (("0000", 0), ("0001", 1)):
+        expect = _expected_rows(store, key)
+        assert expect["sampled_workflows"] == 8 and expect["heldout_results"] == 16
+        got = {tb: store.read_parquet(tb, key).height for tb in expect}
+        assert got == expect, key
+        sampled = store.read_parquet("sampled_workflows", key)
+        scores = store.read_parquet("execution_scores", key)
+        screened = store.read_parquet("screened_groups", key)
+        sharp = store.read_parquet("sharpened_groups", key)
+        ck = store.read_parquet("lora_checkpoint", key).row(0, named=True)
+        # sample_idx 0..m-1 for each of the d queries, the same keys in sampled and scored rows
+        keys = sorted(sampled.select("query_id", "sample_idx").iter_rows())
+        queries = sorted({q for q, _ in keys})
+        assert len(queries) == d and keys == [(q, j) for q in queries for j in range(m)]
+        assert sorted(scores.select("query_id", "sample_idx").iter_rows()) == keys
+        # R = 1 run for a workflow that parsed, none for a rejected one (it scores without running)
+        runs = dict(zip(scores.select("query_id", "sample_idx").iter_rows(), scores["runs"].to_list()))
+        for q, j, status in sampled.select("query_id", "sample_idx", "parse_status").iter_rows():
+            assert runs[(q, j)] == (CI["runs"] if status == "ok" else 0), (q, j, status)
+        # screened: one row per query; a kept row is a group of n members, a dropped row has fewer than n
+        assert sorted(screened["query_id"].to_list()) == queries
+        for r in screened.iter_rows(named=True):
+            if r["kept"]:
+                assert len(r["members"]) == n and r["reason"] is None and r["score_std"] >= 0.0
+            else:
+                assert r["reason"] == "too_few_workflows" and len(r["members"]) < n, r
+        # sharpened: per kept group one top and one bottom member (ranks 0 and 1), scores as executed, and
+        # Â = ±δ/(δ + ε) with δ = |s_top − s_bottom| / 2 (population std of two scores), ε = 1e-4; 0 when equal
+        kept_ids = sorted(screened.filter(pl.col("kept"))["group_id"].to_list())
+        assert sorted(set(sharp["group_id"].to_list())) == kept_ids
+        score_of = dict(zip(scores.select("query_id", "sample_idx").iter_rows(), scores["score"].to_list()))
+        for gid in kept_ids:
+            g = sharp.filter(pl.col("group_id") == gid).sort("rank")
+            assert g["rank"].to_list() == list(range(2 * t)) and g["role"].to_list() == ["top", "bottom"]
+            (q_top, top, s_top, a_top), (q_bot, bot, s_bot, a_bot) = g.select(
+                "query_id", "sample_idx", "score", "advantage").iter_rows()
+            assert s_top == score_of[(q_top, top)] and s_bot == score_of[(q_bot, bot)] and s_top >= s_bot
+            delta = (s_top - s_bot) / 2
+            want = 0.0 if delta == 0 else delta / (delta + 1e-4)
+            assert a_top == pytest.approx(want, abs=1e-9) and a_bot == pytest.approx(-want, abs=1e-9)
+        # checkpoint: one example per sharpened member; ceil(examples / batch_size) steps per epoch
+        assert ck["n_examples"] == sharp.height and ck["trained"] == (sharp.height > 0)
+        steps = -(-sharp.height // (CI["batch_size"] * CI["grad_accum"])) * CI["epochs"]
+        assert ck["optimizer_steps"] == steps and len(ck["loss_curve"]) == steps
+        assert ck["iteration"] == it
+    assert loop["counts1"] == _expected_rows(store, "0001")
 
 
 def test_iteration_1_names_iteration_0s_checkpoint(loop):
