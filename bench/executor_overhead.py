@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from spogw_dagster.executors import CachingExecutor, CallCache, MeteredExecutor  # noqa: E402
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor  # noqa: E402
-from spogw_dagster.types import SamplingParams  # noqa: E402
+from spogw_dagster.contracts import SamplingParams  # noqa: E402
 
 MODEL = "fake-model"
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, seed=0)
@@ -147,7 +147,7 @@ def sandbox_start_cost(n: int = 20) -> None:
     import time
 
     from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation, run_code
-    from spogw_dagster.types import ChatResult, Problem
+    from spogw_dagster.contracts import ChatResult, Problem
     from spogw_dagster.workflow.runtime import execute_workflow
 
     try:

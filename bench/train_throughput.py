@@ -138,7 +138,7 @@ def realistic_rows(queries: int, m: int, tok, seed: int = 0) -> tuple[Any, list[
     exactly as `sampled_workflows` builds it, and workflow bodies of 24..max_new_tokens tokens."""
     import random
 
-    from spogw_dagster.pipeline.config import load_config
+    from spogw_dagster.pipeline.settings import load_config
     from spogw_dagster.pipeline.resources import _queries
     from spogw_dagster.workflow.template import FEW_SHOT, generator_prompt
 

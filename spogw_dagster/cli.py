@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--runs", type=int, default=1, help="executions to average (ScoreFlow uses 3)")
     bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc) on N test queries")
     _common(bl)
-    bl.add_argument("--method", required=True, choices=["io", "cot", "cot_sc"])
+    bl.add_argument("--method", required=True, choices=["io", "cot", "cot_sc", "self_refine", "multipersona"])
     bl.add_argument("--limit", type=int, default=20, help="number of test queries")
     bl.add_argument("--split-seed", type=int, default=0)
     bl.add_argument("--concurrency", type=int, default=4)
@@ -65,8 +65,8 @@ def _sandbox_build_image(args) -> int:
 
 
 def _add_pipeline_commands(sub) -> None:
-    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/cli.py)."""
-    from .pipeline.cli import add_pipeline_commands
+    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/commands.py)."""
+    from .pipeline.commands import add_pipeline_commands
 
     add_pipeline_commands(sub)
 
@@ -144,10 +144,10 @@ async def _baseline(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .pipeline.cli import COMMANDS as PIPELINE_COMMANDS
+    from .pipeline.commands import COMMANDS as PIPELINE_COMMANDS
 
     if args.cmd in PIPELINE_COMMANDS:
-        from .pipeline.cli import run_pipeline_command
+        from .pipeline.commands import run_pipeline_command
 
         return run_pipeline_command(args)
     if args.cmd == "sandbox":

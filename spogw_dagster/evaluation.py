@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from .isolation import Isolation, Limits
 from .seeds import derive_seed
-from .types import Problem, Status, Usage
+from .contracts import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
 from .workflow.runtime import DEFAULT_LIMITS, execute_workflow
@@ -26,6 +26,29 @@ BASELINE_INSTRUCTIONS = {
     "cot": "Let's think step by step.",
 }
 SC_SAMPLES = 3
+BASELINE_METHODS = ("io", "cot", "cot_sc", "self_refine", "multipersona")
+
+# Self-Refine (Madaan et al. 2023): a draft, then rounds of feedback on it and a revision that uses the
+# feedback. Two rounds: the paper allows up to four and its gains shrink after the first ones, and every round
+# costs executor calls per query (math/qa: a feedback call and a revision call; code: one call that writes the
+# feedback and the revised function, see `_self_refine`), so 2 keeps a run at 5 (3 for code) calls.
+SELF_REFINE_ROUNDS = 2
+# MultiPersona debate (Wang et al. 2024, "Unleashing cognitive synergy ..."; AFlow's MultiPersona baseline):
+# each persona answers on its own, then, for MULTIPERSONA_ROUNDS rounds, each sees the others' answers and
+# revises its own; `sc_ensemble` then picks the majority answer (one more executor call only when no two
+# agree). Three personas so that a majority can exist; one round keeps a run at 6-7 executor calls.
+MULTIPERSONA_ROUNDS = 1
+PERSONAS: dict[str, tuple[str, ...]] = {
+    "code": ("an experienced Python engineer who writes simple, readable code",
+             "a software tester who first works through the examples and the edge cases",
+             "an algorithms expert who checks that the logic is correct for every input"),
+    "math": ("a mathematician who reasons rigorously",
+             "a teacher who solves problems with simple, careful arithmetic",
+             "a skeptical checker who verifies every step and every number"),
+    "qa": ("an expert on the topic of the question",
+           "a careful reader who finds the exact evidence in the text",
+           "a fact-checker who double-checks names, dates and numbers"),
+}
 
 
 def get_problem(benchmark: str, query_id: str, *, path: str | None = None) -> Problem:
@@ -101,7 +124,8 @@ def split_problems(benchmark: str, split: str, *, limit: int | None = None, seed
 
 
 def baseline_workflow(family: str, method: str) -> str:
-    """Static baselines (AFlow's IO, CoT, CoT-SC) written in the workflow language itself."""
+    """Static baselines (AFlow's IO, CoT, CoT-SC, Self-Refine, MultiPersona) written in the workflow language
+    itself, so they run, are validated and are counted exactly like generated workflows."""
     op = {"code": "code_generate", "math": "custom", "qa": "custom"}[family]
     if method in BASELINE_INSTRUCTIONS:
         instr = BASELINE_INSTRUCTIONS[method]
@@ -113,7 +137,77 @@ def baseline_workflow(family: str, method: str) -> str:
                 f"        for i in range({SC_SAMPLES}):\n"
                 f"            solutions.append(await self.{op}(instruction={instr!r}))\n"
                 "        return await self.sc_ensemble(solutions=solutions)\n")
-    raise ValueError(f"unknown baseline method {method!r}; expected io, cot or cot_sc")
+    if method == "self_refine":
+        return _self_refine(family, op)
+    if method == "multipersona":
+        return _multipersona(family, op)
+    raise ValueError(f"unknown baseline method {method!r}; expected one of {', '.join(BASELINE_METHODS)}")
+
+
+# The workflow never sees the query: the operator puts the query after the instruction (and, for code, asks
+# for one fenced function). So these instructions carry the earlier answers and say "the problem below".
+# No ``` inside them: the generator-side extractor (`parse_workflow`) ends a fenced workflow at the first
+# ```, so a workflow quoting one could not round-trip through generator output.
+# They are built by string concatenation, the plainest construct the validator allows (f-strings pass too;
+# `str.format` is refused).
+def _self_refine(family: str, op: str) -> str:
+    cot = BASELINE_INSTRUCTIONS["cot"]
+    if family == "code":
+        # code_generate keeps only the code of its reply, so feedback and revision share one call (the
+        # feedback is written, then the function is rewritten in the same reply). A reply without a function
+        # does not replace the draft: the workflow's answer stays a solution the code scorer can run.
+        head = "Here is a draft solution to the task below:\n\n"
+        tail = ("\n\nFirst give feedback on the draft: name every bug, wrong assumption or unhandled edge "
+                "case (or say that it is correct). Then write the corrected function.")
+        return ("class Workflow:\n    async def run(self):\n"
+                f"        draft = await self.code_generate(instruction={cot!r})\n"
+                f"        for i in range({SELF_REFINE_ROUNDS}):\n"
+                f"            revised = await self.code_generate(instruction={head!r} + draft + {tail!r})\n"
+                "            if 'def ' in revised:\n"
+                "                draft = revised\n"
+                "        return draft\n")
+    fb_head = "A draft answer to the problem below:\n"
+    fb_tail = ("\n\nGive feedback on this draft: check each step against the problem and name every mistake "
+               "or unsupported step, and how to fix it. If the draft is correct, say so.")
+    rf_head = "A draft answer to the problem below:\n"
+    rf_mid = "\n\nFeedback on the draft:\n"
+    rf_tail = ("\n\nWrite an improved, complete answer to the problem that fixes what the feedback points out. "
+               "Think step by step.")
+    return ("class Workflow:\n    async def run(self):\n"
+            f"        draft = await self.{op}(instruction={cot!r})\n"
+            f"        for i in range({SELF_REFINE_ROUNDS}):\n"
+            f"            feedback = await self.{op}(instruction={fb_head!r} + draft + {fb_tail!r})\n"
+            f"            draft = await self.{op}(instruction={rf_head!r} + draft + {rf_mid!r} + feedback + {rf_tail!r})\n"
+            "        return draft\n")
+
+
+def _multipersona(family: str, op: str) -> str:
+    personas = list(PERSONAS[family])
+    first = ". Solve the task below from your point of view. Let's think step by step."
+    mine = ". Your earlier answer to the task below:\n"
+    theirs = "\n\nThe other experts answered:"
+    sep = "\n\n---\n"
+    revise = ("\n\nCompare their reasoning with yours step by step, say where any of you went wrong, and give "
+              "your final " + ("corrected function." if family == "code" else "answer."))
+    return ("class Workflow:\n    async def run(self):\n"
+            f"        personas = {personas!r}\n"
+            "        answers = []\n"
+            "        for persona in personas:\n"
+            f"            answers.append(await self.{op}(instruction='You are ' + persona + {first!r}))\n"
+            f"        for r in range({MULTIPERSONA_ROUNDS}):\n"
+            "            revised = []\n"
+            "            for i in range(len(personas)):\n"
+            "                others = ''\n"
+            "                for j in range(len(answers)):\n"
+            "                    if j != i:\n"
+            f"                        others = others + {sep!r} + answers[j]\n"
+            f"                new = await self.{op}(instruction='You are ' + personas[i] + {mine!r} + answers[i]\n"
+            f"                                      + {theirs!r} + others + {revise!r})\n"
+            + ("                if 'def ' not in new:\n"  # a reply without a function keeps the persona's code
+               "                    new = answers[i]\n" if family == "code" else "")
+            + "                revised.append(new)\n"
+            "            answers = revised\n"
+            "        return await self.sc_ensemble(solutions=answers)\n")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from pathlib import Path
 from . import seccomp
 from .cgroups import RunCgroup
 from .cgroups import manager as cgroup_manager
-from .types import Status
+from .contracts import Status
 
 DOCKER_IMAGE = "spogw-sandbox:latest"
 

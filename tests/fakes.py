@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 
 from spogw_dagster.executors.base import ExecutorError
-from spogw_dagster.types import ChatResult, SamplingParams, Status
+from spogw_dagster.contracts import ChatResult, SamplingParams, Status
 
 
 class ScriptedExecutor:

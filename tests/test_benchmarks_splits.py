@@ -19,7 +19,7 @@ from spogw_dagster.benchmarks import (
     make_splits,
     save_splits,
 )
-from spogw_dagster.types import Problem
+from spogw_dagster.contracts import Problem
 
 
 def _probs(n, dataset="toy", prefix="toy"):

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from spogw_dagster.core import curation as C
-from spogw_dagster.core.config import ConfigError, CurationConfig
-from spogw_dagster.types import Status
+from spogw_dagster.core.hyperparams import ConfigError, CurationConfig
+from spogw_dagster.contracts import Status
 
 
 def distinct_code(i: int) -> str:

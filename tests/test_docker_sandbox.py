@@ -19,7 +19,7 @@ import pytest
 
 from spogw_dagster import docker_sandbox, seccomp
 from spogw_dagster.isolation import DOCKER_IMAGE, Limits, detect_isolation, run_code
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 from tests.test_isolation_seccomp import CLONE_NEWUSER, NUMBERS, assert_filter_denies_and_allows
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16)

@@ -25,7 +25,7 @@ from spogw_dagster.executors import (  # noqa: E402
     is_cacheable,
 )
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor  # noqa: E402
-from spogw_dagster.types import ChatResult, SamplingParams  # noqa: E402
+from spogw_dagster.contracts import ChatResult, SamplingParams  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-cache-test-SECRET-987654321"
@@ -239,7 +239,7 @@ def test_safe_across_processes(tmp_path):
         import sys
         sys.path.insert(0, {str(REPO)!r})
         from spogw_dagster.executors.cache import CallCache
-        from spogw_dagster.types import ChatResult
+        from spogw_dagster.contracts import ChatResult
         tag = sys.argv[1]
         c = CallCache({str(path)!r})
         for i in range(150):

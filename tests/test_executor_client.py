@@ -15,7 +15,7 @@ from fake_openai_server import FakeOpenAIServer, error, ok, raw, slow  # noqa: E
 
 from spogw_dagster.executors import Executor, ExecutorError, MeteredExecutor, PromptTooLongError  # noqa: E402
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor, parse_retry_after  # noqa: E402
-from spogw_dagster.types import SamplingParams, Usage  # noqa: E402
+from spogw_dagster.contracts import SamplingParams, Usage  # noqa: E402
 
 SECRET = "sk-test-SECRET-0123456789abcdef"
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is two plus two"}]

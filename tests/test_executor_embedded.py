@@ -24,7 +24,7 @@ _CANCEL_SCRIPT = textwrap.dedent(
     """
     import asyncio, threading
     from spogw_dagster.executors.embedded import EmbeddedExecutor
-    from spogw_dagster.types import SamplingParams
+    from spogw_dagster.contracts import SamplingParams
 
     ex = EmbeddedExecutor()
     # count llama.cpp calls in flight at once (must never exceed 1)
@@ -101,7 +101,7 @@ def test_concurrent_calls_from_two_event_loops_in_turn(embedded):
     """No lock bound to the first event loop: a later asyncio.run can call (and contend) again."""
     import asyncio
 
-    from spogw_dagster.types import ChatResult, SamplingParams
+    from spogw_dagster.contracts import ChatResult, SamplingParams
 
     msgs = [{"role": "user", "content": "hi"}]
 
@@ -116,7 +116,7 @@ def test_concurrent_calls_from_two_event_loops_in_turn(embedded):
 
 async def test_prompt_longer_than_the_context_is_prompt_too_long(embedded):
     from spogw_dagster.executors import ExecutorError, PromptTooLongError
-    from spogw_dagster.types import SamplingParams
+    from spogw_dagster.contracts import SamplingParams
 
     huge = [{"role": "user", "content": "dragon castle knight " * 3500}]  # ~10k tokens > n_ctx 8192
     with pytest.raises(PromptTooLongError, match="exceed context window") as ei:

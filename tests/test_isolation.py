@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from spogw_dagster.isolation import DOCKER_IMAGE, Isolation, Limits, _wrap, detect_isolation, run_code, signal_status
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 
 LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=512, nproc=8, scratch_mb=32, fsize_mb=4, nofile=32)
 

@@ -9,7 +9,7 @@ import pytest
 
 from spogw_dagster import seccomp
 from spogw_dagster.isolation import Limits, detect_isolation, run_code
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16)
 

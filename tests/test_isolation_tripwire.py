@@ -8,7 +8,7 @@ starts; the runner only forwards the call."""
 import pytest
 
 from spogw_dagster.isolation import Limits, detect_isolation
-from spogw_dagster.types import Problem, Status
+from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fakes import ScriptedExecutor
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from spogw_dagster.core.config import ConfigError, ObjectiveConfig
+from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
 from spogw_dagster.core.objectives import (
     LossBatch,
     compute_loss,

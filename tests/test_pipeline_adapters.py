@@ -12,7 +12,7 @@ import pytest
 from spogw_dagster.core.curation import ADVANTAGE_SCHEMA
 from spogw_dagster.pipeline import plots, tables
 from spogw_dagster.pipeline.adapters import carry_forward
-from spogw_dagster.pipeline.config import load_config
+from spogw_dagster.pipeline.settings import load_config
 from spogw_dagster.pipeline.lineage import adapter_sha256
 from spogw_dagster.pipeline.storage import AssetStore
 
@@ -46,7 +46,7 @@ def test_plots_are_png_markdown():
 def test_lora_checkpoint_asset_with_no_training_data_carries_the_base_policy(tmp_path):
     """Iteration 0 whose groups were all screened out: an identity LoRA (= the base model), flagged as
     untrained, which the check reloads."""
-    from spogw_dagster.pipeline.definitions import build_definitions
+    from spogw_dagster.pipeline.wiring import build_definitions
     from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
 
     store = AssetStore(tmp_path)

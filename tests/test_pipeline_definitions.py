@@ -9,7 +9,7 @@ import json
 import dagster as dg
 import pytest
 
-from spogw_dagster.pipeline.definitions import build_definitions
+from spogw_dagster.pipeline.wiring import build_definitions
 from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
 from spogw_dagster.pipeline.partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int, previous_key
 from spogw_dagster.pipeline.sensors import JOB_NAME, next_iteration
@@ -51,8 +51,8 @@ def test_code_location_module_reads_the_environment(monkeypatch, tmp_path):
     mod = importlib.reload(mod)
     res = mod.defs.resolve_job_def(JOB_NAME)
     assert res.name == JOB_NAME
-    spogw = mod.defs.resources["spogw"]
-    assert spogw.assets_dir == str(tmp_path.resolve()) and spogw.config().profile == "ci"
+    pipeline = mod.defs.resources["pipeline"]
+    assert pipeline.assets_dir == str(tmp_path.resolve()) and pipeline.config().profile == "ci"
 
 
 def test_partition_keys():

@@ -14,7 +14,7 @@ import pytest
 
 from spogw_dagster.pipeline import catalog
 from spogw_dagster.pipeline.catalog import query, refresh_catalog
-from spogw_dagster.pipeline.io import ParquetIOManager
+from spogw_dagster.pipeline.io_manager import ParquetIOManager
 from spogw_dagster.pipeline.storage import AssetStore, write_parquet_atomic
 
 

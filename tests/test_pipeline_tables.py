@@ -8,7 +8,7 @@ import pytest
 from spogw_dagster.evaluation import EvalResult
 from spogw_dagster.pipeline import tables
 from spogw_dagster.pipeline.rewards import Ladder, ladder_reward
-from spogw_dagster.types import Status, Usage
+from spogw_dagster.contracts import Status, Usage
 
 VALID_BODY = 'solution = await self.code_generate(instruction="Write it.")\n        return solution\n'
 NO_RETURN = 'solution = await self.code_generate(instruction="Write it.")\n'
@@ -96,7 +96,7 @@ def test_execution_rows_and_curation_input():
 
 def test_screened_frame_keeps_reasons_and_kept_groups_round_trip():
     from spogw_dagster.core import curation as cur
-    from spogw_dagster.core.config import CurationConfig
+    from spogw_dagster.core.hyperparams import CurationConfig
 
     samples = pl.DataFrame({
         "iteration": [0] * 6, "query_id": ["a"] * 3 + ["b"] * 3, "sample_idx": [0, 1, 2] * 2,

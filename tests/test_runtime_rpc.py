@@ -5,7 +5,7 @@ import json
 import pytest
 
 from spogw_dagster.isolation import Limits, detect_isolation
-from spogw_dagster.types import Problem, Status
+from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fakes import ScriptedExecutor

@@ -23,7 +23,7 @@ import pytest
 
 from spogw_dagster.evaluation import evaluate_workflow
 from spogw_dagster.isolation import Limits, detect_isolation, run_code
-from spogw_dagster.types import Problem, Status
+from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fakes import ScriptedExecutor, connection_recorder
 

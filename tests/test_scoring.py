@@ -23,7 +23,7 @@ from spogw_dagster.benchmarks import (
     score_qa,
     scorer_for,
 )
-from spogw_dagster.types import Problem
+from spogw_dagster.contracts import Problem
 
 # ---------------------------------------------------------------- GSM8K
 

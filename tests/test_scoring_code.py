@@ -26,7 +26,7 @@ from spogw_dagster.benchmarks import (
 )
 from spogw_dagster.benchmarks.verdict import plaindata
 from spogw_dagster.isolation import Isolation, Limits, SandboxStartError, detect_isolation
-from spogw_dagster.types import Problem
+from spogw_dagster.contracts import Problem
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8, max_output_bytes=100_000)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spogw_dagster.core.config import ConfigError
+from spogw_dagster.core.hyperparams import ConfigError
 from spogw_dagster.core.logprobs import (
     build_completion_batch,
     build_shared_prompt_batch,

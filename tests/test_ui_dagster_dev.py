@@ -1,7 +1,8 @@
 """The Dagster UI for real: `dagster dev` from the repo root (workspace.yaml, the `ci` profile, a temporary
 DAGSTER_HOME and assets directory) driven by Debian's headless Chromium through Playwright.
 
-- The asset group's lineage page (/locations/spogw/asset-groups/spogw) draws the six assets as graph nodes.
+- The global lineage page (/asset-groups) draws the six assets as graph nodes; a stage's group page
+  (/locations/spogw/asset-groups/curation) draws that stage's two.
 - A partition is materialized from the UI as a user would: select `sampled_workflows` in the graph,
   "Materialize selected…", "Add a partition" 0000 (the iteration partitions are dynamic), "Launch 1 run".
   The run succeeds (GraphQL), its Parquet file lands in the assets directory with the expected rows, and the
@@ -35,7 +36,8 @@ ARTIFACTS = REPO / "test-artifacts"
 ASSETS = ("sampled_workflows", "execution_scores", "screened_groups", "sharpened_groups", "lora_checkpoint",
           "benchmark_report")
 LOCATION = "spogw"
-GROUP_PAGE = f"/locations/{LOCATION}/asset-groups/spogw"  # the group's lineage graph
+GROUP_PAGE = "/asset-groups"  # the global lineage graph: all five stage groups (sampling ... evaluation)
+CURATION_PAGE = f"/locations/{LOCATION}/asset-groups/curation"  # one stage's group
 PARTITION = "0000"
 TIMINGS: dict[str, float] = {}
 
@@ -147,10 +149,11 @@ def test_asset_graph_shows_the_six_assets(dev, browser):
             assert _graph_node(page, name).count() == 1, name
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(ARTIFACTS / "ui_asset_graph.png"))
-        # the global lineage page draws the same six
-        glob = _open(browser, dev, "/asset-groups")
-        _wait_nodes(glob)
-        glob.close()
+        # a stage's group page draws that stage's assets
+        stage = _open(browser, dev, CURATION_PAGE)
+        _wait_nodes(stage, ["screened_groups", "sharpened_groups"])
+        assert _graph_node(stage, "screened_groups").count() == 1
+        stage.close()
         page.close()
         TIMINGS["asset_graph_s"] = round(time.monotonic() - t0, 1)
 
@@ -214,7 +217,7 @@ def test_materialize_a_partition_from_the_ui(dev, browser):
         # it landed: the Parquet file in the temporary assets directory, with m workflows per training query
         import polars as pl
 
-        from spogw_dagster.pipeline.config import load_config
+        from spogw_dagster.pipeline.settings import load_config
 
         path = dev.assets / "sampled_workflows" / f"{PARTITION}.parquet"
         assert path.is_file(), sorted(str(p) for p in dev.assets.rglob("*"))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 from spogw_dagster.workflow.parser import WorkflowRejected, extract_code, parse_workflow, validate
 from spogw_dagster.workflow.template import FEW_SHOT, TEMPLATES, WORKFLOW_HEADER, generator_prompt
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from ..types import Problem, Status
+from ..contracts import Problem, Status
 from .verdict import CodeSandbox, ScoringInfrastructureError, TestJob, Verdict, judge
 
 RunCode = Callable[[str], Awaitable[Any]]

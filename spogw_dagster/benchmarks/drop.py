@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import BenchmarkDataError, read_json, require, resolve_data_path
 
 log = logging.getLogger(__name__)

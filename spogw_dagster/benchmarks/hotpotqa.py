@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import BenchmarkDataError, read_json, require, resolve_data_path
 
 FILE_FORMAT = (

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from ..paths import humaneval_data
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import BenchmarkDataError, iter_jsonl, require
 
 MAX_PUBLIC_TESTS = 3

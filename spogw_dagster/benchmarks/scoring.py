@@ -54,7 +54,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from ..types import Problem
+from ..contracts import Problem
 from .code_tests import CodeSandbox, ScoreDetail, score_code
 from .registry import BENCHMARK_SCORERS
 from .textutil import find_numbers, last_boxed, last_number, to_float

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..fsutil import write_text_atomic
-from ..types import Problem
+from ..contracts import Problem
 from .registry import get_spec, load_benchmark
 
 SPLITS_FORMAT = "spogw-splits/1"

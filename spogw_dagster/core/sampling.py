@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
-from spogw_dagster.types import SamplingParams
+from spogw_dagster.contracts import SamplingParams
 
 __all__ = [
     "SampleResult",

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
-from spogw_dagster.core.config import ConfigError, ObjectiveConfig
+from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
 

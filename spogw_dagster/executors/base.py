@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from spogw_dagster.types import ChatResult, SamplingParams, Usage
+from spogw_dagster.contracts import ChatResult, SamplingParams, Usage
 
 __all__ = ["Executor", "ExecutorError", "MeteredExecutor", "PromptTooLongError"]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from spogw_dagster.executors.base import Executor
-from spogw_dagster.types import ChatResult, SamplingParams
+from spogw_dagster.contracts import ChatResult, SamplingParams
 
 __all__ = ["CallCache", "CachedCall", "CachingExecutor", "cache_key", "canonical_request", "is_cacheable"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import smollm2_gguf
-from ..types import ChatResult, SamplingParams
+from ..contracts import ChatResult, SamplingParams
 from .base import ExecutorError, PromptTooLongError
 
 

@@ -36,7 +36,7 @@ from tenacity import (
 )
 
 from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
-from spogw_dagster.types import ChatResult, SamplingParams
+from spogw_dagster.contracts import ChatResult, SamplingParams
 
 __all__ = ["OpenAICompatExecutor", "parse_retry_after", "UNREACHABLE_HINT"]
 

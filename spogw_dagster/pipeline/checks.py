@@ -23,7 +23,7 @@ import polars as pl
 
 from .lineage import adapter_sha256
 from .partitions import iterations
-from .resources import SpogwResource
+from .resources import PipelineResource
 
 
 def _ck(**kw):
@@ -38,8 +38,8 @@ def _ck(**kw):
 
 
 @_ck(asset="sampled_workflows", description="Every training query has exactly m sampled workflows.")
-def m_workflows_per_query(sampled_workflows: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
-    cfg = spogw.config()
+def m_workflows_per_query(sampled_workflows: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
+    cfg = pipeline.config()
     m, d = cfg.curation.m, cfg.benchmark.train_queries
     counts = sampled_workflows.group_by("query_id").len()
     wrong = counts.filter(pl.col("len") != m)
@@ -72,8 +72,8 @@ def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg
 
 
 @_ck(asset="execution_scores", description="The executor_error rate stays under execution.max_executor_error_rate.")
-def executor_error_rate(execution_scores: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
-    limit = spogw.config().execution.max_executor_error_rate
+def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
+    limit = pipeline.config().execution.max_executor_error_rate
     n = execution_scores.height
     errors = execution_scores.filter(pl.col("status") == "executor_error").height
     rate = errors / n if n else 0.0
@@ -96,7 +96,7 @@ def groups_kept(screened_groups: pl.DataFrame) -> dg.AssetCheckResult:
 
 @_ck(asset="lora_checkpoint", blocking=True,
      description="Training losses are finite and the saved adapter reloads with peft (hash unchanged).")
-def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
     from spogw_dagster.models import load_model_and_tokenizer
 
     row = lora_checkpoint.row(0, named=True)
@@ -105,7 +105,7 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, spogw: SpogwR
     path = Path(row["adapter_path"])
     reloads, error = False, ""
     try:
-        model, _ = load_model_and_tokenizer(spogw.config().generator.model, adapter_path=path)
+        model, _ = load_model_and_tokenizer(pipeline.config().generator.model, adapter_path=path)
         n_lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
         reloads = n_lora > 0
         if not reloads:
@@ -126,10 +126,10 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, spogw: SpogwR
 @_ck(asset="benchmark_report",
      description="The report compares checkpoint k with π_{k-1} on the same queries and seeds, and its answer score "
                  "did not fall by more than report.max_regression (paired difference, sampled mode when present).")
-def compared_with_previous(benchmark_report: pl.DataFrame, spogw: SpogwResource) -> dg.AssetCheckResult:
+def compared_with_previous(benchmark_report: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
     from . import tables
 
-    tol = spogw.config().report.max_regression
+    tol = pipeline.config().report.max_regression
     kinds = set(benchmark_report["kind"].to_list()) if "kind" in benchmark_report.columns else set()
     ans = tables.metric_row(benchmark_report, "checkpoint", "answer_score") if "metric" in benchmark_report.columns \
         else None

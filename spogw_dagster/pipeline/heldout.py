@@ -1,5 +1,5 @@
 """Scoring policies and static baselines on held-out (or validation) queries: shared by `benchmark_report` and
-`spogw evaluate`. No Dagster here: callers pass a `SpogwResource` (or one built by hand) for the services.
+`spogw evaluate`. No Dagster here: callers pass a `PipelineResource` (or one built by hand) for the services.
 
 Seeds, so that the comparison with π_{k-1} is paired:
 - greedy mode: one workflow per query (temperature 0), executed with executor seed `report.seed` (the seed
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from spogw_dagster.seeds import derive_seed
-from spogw_dagster.types import Problem
+from spogw_dagster.contracts import Problem
 
 from . import tables
 from .resources import EvalJob, evaluate_jobs
@@ -66,15 +66,15 @@ def modes(cfg) -> list[tuple[str, int, float]]:
     return out
 
 
-def generate_samples(spogw, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
+def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
                      seed: int):
     """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
-    from spogw_dagster.types import SamplingParams
+    from spogw_dagster.contracts import SamplingParams
     from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
 
-    g = spogw.config().generator
+    g = pipeline.config().generator
     prompts = [generator_prompt(p.family, p.question) for p in problems]
-    sampler = spogw.sampler(adapter, seed)
+    sampler = pipeline.sampler(adapter, seed)
     try:
         params = SamplingParams(temperature=temperature, top_p=g.top_p if temperature > 0 else 1.0,
                                 max_tokens=g.max_new_tokens, seed=seed, stop=tuple(GENERATOR_STOP))
@@ -92,13 +92,13 @@ def generate_samples(spogw, adapter: Path | None, problems: Sequence[Problem], *
 Planned = list[tuple[tables.HeldoutSample, EvalJob]]
 
 
-def policy_jobs(spogw, policy: Policy, problems: Sequence[Problem], cfg) -> Planned:
+def policy_jobs(pipeline, policy: Policy, problems: Sequence[Problem], cfg) -> Planned:
     """Generate the policy's workflows in every mode and plan their executions."""
     family = problems[0].family
     seed = sampler_seed(cfg.report.seed)
     out: Planned = []
     for mode, n, temp in modes(cfg):
-        _, samples, _ = generate_samples(spogw, policy.adapter, problems, n=n, temperature=temp, seed=seed)
+        _, samples, _ = generate_samples(pipeline, policy.adapter, problems, n=n, temperature=temp, seed=seed)
         for p, row in zip(problems, samples):
             for j, s in enumerate(row):
                 code, status, err = tables.parse_completion(s.text, family)
@@ -153,16 +153,16 @@ def store_baseline(root: Path, key: str, rows: pl.DataFrame) -> None:
         write_parquet_atomic(rows, root / CACHE_DIR / f"baseline-{key[:24]}.parquet")
 
 
-def execute(spogw, planned: Planned, cfg, iteration: int, split: str) -> tuple[pl.DataFrame, dict[str, int]]:
+def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tuple[pl.DataFrame, dict[str, int]]:
     """Execute every planned workflow (runs of one executor seed together) and build heldout rows."""
-    iso = spogw.isolation()
+    iso = pipeline.isolation()
     by_seed: dict[int, list[int]] = defaultdict(list)
     for i, (hs, _) in enumerate(planned):
         by_seed[hs.exec_seed].append(i)
 
     async def run():
         results: list[Any] = [None] * len(planned)
-        async with spogw.executor() as ex:
+        async with pipeline.executor() as ex:
             for seed, idx in by_seed.items():
                 res = await evaluate_jobs([planned[i][1] for i in idx], ex.executor, iso, cfg, seed=seed)
                 for i, r in zip(idx, res):
@@ -183,16 +183,16 @@ class Scored:
     baselines_cached: list[str]
 
 
-def score(spogw, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *, iteration: int, split: str,
+def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *, iteration: int, split: str,
           reused: Sequence[pl.DataFrame] = (), say=lambda msg: None) -> Scored:
     """Generate and execute every policy's workflows, take the baselines from the cache (or run and cache
     them), and return all held-out rows (plus `reused` rows, e.g. π_{k-1}'s from the last report)."""
-    root = Path(spogw.assets_dir)
+    root = Path(pipeline.assets_dir)
     planned: Planned = []
     per_policy = len(problems) * sum(n for _, n, _ in modes(cfg))
     for policy in policies:
         say(f"generating {per_policy} {split} workflows from {policy.system}")
-        planned += policy_jobs(spogw, policy, problems, cfg)
+        planned += policy_jobs(pipeline, policy, problems, cfg)
     parts, fresh, cached_names = list(reused), {}, []
     for method in cfg.report.baselines:
         key = baseline_cache_key(method, problems, cfg)
@@ -205,7 +205,7 @@ def score(spogw, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *
             planned += baseline_jobs(method, problems, cfg)
     say(f"executing {len(planned)} workflows on {len(problems)} {split} queries"
         + (f" (baselines from the cache: {', '.join(cached_names)})" if cached_names else ""))
-    rows, counters = execute(spogw, planned, cfg, iteration, split)
+    rows, counters = execute(pipeline, planned, cfg, iteration, split)
     for system, key in fresh.items():
         store_baseline(root, key, rows.filter(pl.col("system") == system))
     heldout = tables.heldout_frame(pl.concat([rows, *parts], how="vertical_relaxed").to_dicts())

@@ -94,8 +94,8 @@ def run_loop(
 ) -> list[IterationOutcome]:
     import dagster as dg
 
-    from .config import load_config
-    from .definitions import build_definitions
+    from .settings import load_config
+    from .wiring import build_definitions
     from .partitions import PARTITIONS_NAME, iteration_key
     from .sensors import JOB_NAME
 

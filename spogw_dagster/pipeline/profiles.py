@@ -94,7 +94,7 @@ def profile_names() -> list[str]:
 
 
 def get_profile(name: str) -> dict[str, Any]:
-    from .config import ConfigValidationError
+    from .settings import ConfigValidationError
 
     if name not in PROFILES:
         raise ConfigValidationError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}, "

@@ -1,6 +1,6 @@
 """Dagster resources: the pipeline settings (typed config + assets directory) and per-step services.
 
-`SpogwResource` is what every asset and check receives. Its fields (profile, config file, overrides, assets
+`PipelineResource` is what every asset and check receives. Its fields (profile, config file, overrides, assets
 directory) show in the UI's launchpad; `config()` turns them into a validated `SpogwConfig`. It also builds
 the services an asset needs for one step: the benchmark queries, the sandbox (`detect_isolation`, recorded in
 metadata), the generator sampler and the executor (the embedded llama.cpp model or an OpenAI-compatible
@@ -20,9 +20,9 @@ from typing import Any, AsyncIterator, Sequence
 
 import dagster as dg
 
-from spogw_dagster.types import Problem
+from spogw_dagster.contracts import Problem
 
-from .config import SpogwConfig, load_config
+from .settings import SpogwConfig, load_config
 from .storage import AssetStore
 
 
@@ -50,7 +50,7 @@ def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: 
     return tuple(train), tuple(heldout)
 
 
-class SpogwResource(dg.ConfigurableResource):
+class PipelineResource(dg.ConfigurableResource):
     """Pipeline settings: a profile (tiny, ci, paper) or a YAML config file, JSON overrides, and where
     materialized assets live."""
 
@@ -136,7 +136,7 @@ class EvalJob:
 async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int) -> list:
     """Execute and score every job with bounded concurrency; rejected jobs score 0 without running."""
     from spogw_dagster.evaluation import EvalResult, evaluate_workflow
-    from spogw_dagster.types import Status
+    from spogw_dagster.contracts import Status
     from spogw_dagster.workflow.operators import OperatorConfig
     from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
 

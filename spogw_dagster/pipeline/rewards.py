@@ -21,7 +21,7 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 
 
 @dataclass(frozen=True)

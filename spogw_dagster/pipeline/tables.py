@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 
 import polars as pl
 
-from spogw_dagster.types import Status
+from spogw_dagster.contracts import Status
 
 from .rewards import Ladder, is_trivial, ladder_reward
 

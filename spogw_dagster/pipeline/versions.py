@@ -16,7 +16,7 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
-from .config import SpogwConfig, section_hash
+from .settings import SpogwConfig, section_hash
 
 _PKG = Path(__file__).resolve().parent.parent  # spogw_dagster/
 _ROOT = _PKG.parent

@@ -23,7 +23,7 @@ from ..benchmarks import (
 )
 from ..isolation import Isolation, Limits, run_code
 from ..seeds import derive_seed
-from ..types import Problem, SamplingParams
+from ..contracts import Problem, SamplingParams
 from .template import OPERATORS
 
 SYSTEM = "You are a helpful assistant."

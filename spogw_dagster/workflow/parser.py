@@ -12,7 +12,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from ..types import Status
+from ..contracts import Status
 from .template import OPERATORS, WORKFLOW_HEADER, operator_names
 
 SAFE_BUILTINS: frozenset[str] = frozenset({

@@ -25,7 +25,7 @@ from ..isolation import (
     spawn,
 )
 from ..seeds import derive_seed
-from ..types import Problem, Status, Usage
+from ..contracts import Problem, Status, Usage
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
 from .parser import (
     ALLOWED_IMPORTS,

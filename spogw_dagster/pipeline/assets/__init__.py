@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ..config import SpogwConfig
+from ..settings import SpogwConfig
 from ..partitions import iterations
 from ..versions import code_version
 from . import (

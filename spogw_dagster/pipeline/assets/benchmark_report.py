@@ -15,7 +15,7 @@ from .. import heldout as ho
 from .. import tables
 from ..lineage import adapter_sha256
 from ..partitions import key_to_int
-from ..resources import SpogwResource
+from ..resources import PipelineResource
 from . import heldout_results
 from .common import common_metadata, parent_or_fail, say
 from .report_metadata import report_metadata
@@ -29,18 +29,18 @@ DESCRIPTION = ("Held-out metrics of checkpoint k beside π_{k-1} (base at k = 0)
                "seeds (long format: one row per system, mode and metric; per-sample rows in heldout_results).")
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, lora_checkpoint: pl.DataFrame) -> pl.DataFrame:
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_checkpoint: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     key = context.partition_key
     k = key_to_int(key)
-    store = spogw.store()
+    store = pipeline.store()
     problems, split_info = _problems(cfg)
-    this, prev, reused_prev = _policies(spogw, key, lora_checkpoint.row(0, named=True), cfg,
+    this, prev, reused_prev = _policies(pipeline, key, lora_checkpoint.row(0, named=True), cfg,
                                         per_policy=len(problems) * sum(n for _, n, _ in ho.modes(cfg)))
     if reused_prev is not None:
         say(context, f"{prev.system} reused from benchmark_report[{prev.checkpoint_iteration:04d}] (same adapter and config)")
-    scored = ho.score(spogw, [this] if reused_prev is not None else [this, prev], problems, cfg, iteration=k,
+    scored = ho.score(pipeline, [this] if reused_prev is not None else [this, prev], problems, cfg, iteration=k,
                       split=cfg.report.split, reused=[reused_prev] if reused_prev is not None else [],
                       say=lambda m: say(context, m))
     side = heldout_results.write(store, key, scored.heldout)
@@ -54,7 +54,7 @@ def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, lora_checkp
         "executor_cache_hits": dg.MetadataValue.int(scored.counters["cache_hits"]),
         "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),
         "heldout_results": dg.MetadataValue.path(str(side)),
-        "isolation": dg.MetadataValue.text(spogw.isolation().kind),
+        "isolation": dg.MetadataValue.text(pipeline.isolation().kind),
     })
     say(context, _headline(report, this.system, prev.system) + f"; {time.monotonic() - t0:.1f} s")
     return report
@@ -71,14 +71,14 @@ def _problems(cfg) -> tuple[list, dict[str, Any]]:
         raise dg.Failure(description=f"report.split={rep.split}: {e}", allow_retries=False) from None
 
 
-def _policies(spogw: SpogwResource, key: str, ckpt: dict[str, Any], cfg, *, per_policy: int):
+def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *, per_policy: int):
     """Checkpoint k, π_{k-1}, and π_{k-1}'s rows from the previous report when they can be reused (same adapter,
     config and sample count), else None."""
     adapter = Path(ckpt["adapter_path"])
     if not (adapter / ADAPTER_WEIGHTS).is_file():
         raise dg.Failure(f"lora_checkpoint[{key}] points at {adapter}, which holds no adapter; "
                          f"rematerialize lora_checkpoint for {key}")
-    store = spogw.store()
+    store = pipeline.store()
     parent = parent_or_fail(store, key)
     k = key_to_int(key)
     this = ho.Policy(f"spogw@{key}", "checkpoint", adapter, k, adapter_sha256(adapter))

@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from ..config import SpogwConfig, section_hash
+from ..settings import SpogwConfig, section_hash
 from ..lineage import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
 from ..storage import AssetStore
 

@@ -11,7 +11,7 @@ import polars as pl
 
 from .. import tables
 from ..partitions import key_to_int
-from ..resources import EvalJob, SpogwResource, evaluate_jobs
+from ..resources import EvalJob, PipelineResource, evaluate_jobs
 from ..rewards import Ladder
 from .common import common_metadata, md_table, say
 
@@ -22,15 +22,15 @@ DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against t
                "ladder + benchmark metric); executor calls go through the call cache.")
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, sampled_workflows: pl.DataFrame) -> pl.DataFrame:
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     k = key_to_int(context.partition_key)
-    jobs = _jobs(sampled_workflows, {p.id: p for p in spogw.train_queries()}, context.partition_key)
-    iso = spogw.isolation()
+    jobs = _jobs(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
+    iso = pipeline.isolation()
 
     async def run():
-        async with spogw.executor() as ex:
+        async with pipeline.executor() as ex:
             res = await evaluate_jobs(jobs, ex.executor, iso, cfg, seed=cfg.execution.seed)
             return res, ex.counters(), ex.model
 

@@ -12,7 +12,7 @@ import polars as pl
 from .. import tables
 from ..lineage import adapter_sha256
 from ..partitions import key_to_int
-from ..resources import SpogwResource
+from ..resources import PipelineResource
 from .common import common_metadata, parent_or_fail, say
 
 NAME = "lora_checkpoint"
@@ -22,12 +22,12 @@ DESCRIPTION = ("LoRA adapter of iteration k trained on the sharpened groups (obj
                "mKL by default), continuing from lora_checkpoint(k-1).")
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, sharpened_groups: pl.DataFrame,
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharpened_groups: pl.DataFrame,
             sampled_workflows: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     key = context.partition_key
-    store = spogw.store()
+    store = pipeline.store()
     parent = parent_or_fail(store, key)
     examples = tables.training_examples(sharpened_groups, sampled_workflows)
     out = store.adapter_dir(key)

@@ -11,7 +11,7 @@ import polars as pl
 from ...seeds import derive_seed
 from .. import tables
 from ..partitions import key_to_int
-from ..resources import SpogwResource
+from ..resources import PipelineResource
 from .common import common_metadata, md_table, parent_or_fail, say
 
 NAME = "sampled_workflows"
@@ -21,19 +21,19 @@ DESCRIPTION = ("m workflows per training query sampled from π_{k-1} (the base m
                "log-probs; fails fast when lora_checkpoint(k-1) is missing.")
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource) -> pl.DataFrame:
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl.DataFrame:
     from ..heldout import generate_samples
 
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     key = context.partition_key
     k = key_to_int(key)
-    parent = parent_or_fail(spogw.store(), key)
-    problems = spogw.train_queries()
+    parent = parent_or_fail(pipeline.store(), key)
+    problems = pipeline.train_queries()
     seed = derive_seed(cfg.generator.seed, "sample", k)
     say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} queries from "
                  f"{'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
-    prompts, samples, tps = generate_samples(spogw, parent.path if parent else None, problems, n=cfg.curation.m,
+    prompts, samples, tps = generate_samples(pipeline, parent.path if parent else None, problems, n=cfg.curation.m,
                                              temperature=cfg.generator.temperature, seed=seed)
     df = tables.sampled_frame(
         k, [p.id for p in problems], prompts, samples, problems[0].family,

@@ -9,7 +9,7 @@ import polars as pl
 from spogw_dagster.core import curation
 
 from .. import tables
-from ..resources import SpogwResource
+from ..resources import PipelineResource
 from .common import common_metadata, ints, md_table, say
 
 NAME = "screened_groups"
@@ -19,10 +19,10 @@ DESCRIPTION = ("Executor errors and near-duplicate workflows removed, groups of 
                "by score std (kept flag + reason for every group).")
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, sampled_workflows: pl.DataFrame,
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
             execution_scores: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     try:
         sc = curation.screen(tables.curation_input(sampled_workflows, execution_scores), cfg.curation_config())
     except ValueError as e:

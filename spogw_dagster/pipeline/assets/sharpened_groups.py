@@ -9,7 +9,7 @@ import polars as pl
 from spogw_dagster.core import curation
 
 from .. import tables
-from ..resources import SpogwResource
+from ..resources import PipelineResource
 from .common import common_metadata, ints, say
 
 NAME = "sharpened_groups"
@@ -18,9 +18,9 @@ KINDS = {"python", "parquet"}
 DESCRIPTION = "Top-t and bottom-t workflows of each kept group, with group-normalised advantages (one row per member)."
 
 
-def compute(context: dg.AssetExecutionContext, spogw: SpogwResource, screened_groups: pl.DataFrame) -> pl.DataFrame:
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, screened_groups: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
-    cfg = spogw.config()
+    cfg = pipeline.config()
     cc = cfg.curation_config()
     sh = curation.sharpen(tables.kept_groups(screened_groups), cc)
     summary = sh.summary()

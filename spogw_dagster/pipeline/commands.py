@@ -72,7 +72,7 @@ def add_pipeline_commands(sub) -> None:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
-    from .config import ConfigValidationError
+    from .settings import ConfigValidationError
 
     try:
         if args.cmd == "catalog":
@@ -106,7 +106,7 @@ def compare_command(args: argparse.Namespace) -> int:
     import polars as pl
 
     from . import tables
-    from .config import ConfigValidationError
+    from .settings import ConfigValidationError
     from .storage import AssetStore, default_assets_dir
 
     store = AssetStore(args.assets_dir or default_assets_dir())
@@ -136,7 +136,7 @@ def compare_command(args: argparse.Namespace) -> int:
 def _policy(path: str | None, kind: str):
     from pathlib import Path
 
-    from .config import ConfigValidationError
+    from .settings import ConfigValidationError
     from .heldout import Policy
     from .lineage import adapter_sha256
 
@@ -158,8 +158,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     from . import heldout as ho
     from . import tables
-    from .config import ConfigValidationError
-    from .resources import SpogwResource
+    from .settings import ConfigValidationError
+    from .resources import PipelineResource
     from .storage import default_assets_dir, write_parquet_atomic
 
     report: dict = {}
@@ -173,9 +173,9 @@ def evaluate_command(args: argparse.Namespace) -> int:
         report["baselines"] = []
     report["split"] = args.split
     root = Path(args.assets_dir).expanduser().resolve() if args.assets_dir else default_assets_dir()
-    spogw = SpogwResource(assets_dir=str(root), profile=args.profile, config_file=args.config,
+    pipeline = PipelineResource(assets_dir=str(root), profile=args.profile, config_file=args.config,
                           overrides_json=_json.dumps({"report": report}))
-    cfg = spogw.config()
+    cfg = pipeline.config()
     b = cfg.benchmark
     limit = args.limit if args.limit is not None else (b.heldout_queries if args.split == "test"
                                                        else b.validation_queries)
@@ -193,7 +193,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     print(f"spogw evaluate: {', '.join(p.system for p in policies)} on the {args.split} split of {b.name} "
           f"({len(problems)} queries, ids sha256 {info['ids_sha256'][:12]}), "
           f"modes {[(m, n, t) for m, n, t in ho.modes(cfg)]}", file=sys.stderr, flush=True)
-    scored = ho.score(spogw, policies, problems, cfg, iteration=0, split=args.split,
+    scored = ho.score(pipeline, policies, problems, cfg, iteration=0, split=args.split,
                       say=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     rep = tables.summarize_heldout(scored.heldout, iteration=0, config_hash=cfg.hash,
                                    split_ids_sha256=info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,

@@ -17,9 +17,9 @@ import dagster as dg
 
 from .assets import build_assets
 from .checks import ALL_CHECKS
-from .config import SpogwConfig, load_config
-from .io import ParquetIOManager
-from .resources import SpogwResource
+from .settings import SpogwConfig, load_config
+from .io_manager import ParquetIOManager
+from .resources import PipelineResource
 from .sensors import JOB_NAME, build_sensor
 from .storage import ASSET_NAMES, default_assets_dir
 
@@ -38,7 +38,7 @@ def build_definitions(
         description="One SPOGW iteration: sample, execute, screen, sharpen, train, report (with checks).",
         tags={"spogw/loop": "iteration", "spogw/profile": cfg.profile, "spogw/config_hash": cfg.hash[:16]},
     )
-    spogw = SpogwResource(assets_dir=str(root), profile=profile or None,
+    pipeline = PipelineResource(assets_dir=str(root), profile=profile or None,
                           config_file=str(config_file) if config_file else None,
                           overrides_json=json.dumps(dict(overrides or {}), sort_keys=True))
     return dg.Definitions(
@@ -46,7 +46,7 @@ def build_definitions(
         asset_checks=ALL_CHECKS,
         jobs=[job],
         sensors=[build_sensor(job, cfg.iterations, cfg.hash)],
-        resources={"spogw": spogw, "io_manager": ParquetIOManager(assets_dir=str(root))},
+        resources={"pipeline": pipeline, "io_manager": ParquetIOManager(assets_dir=str(root))},
         executor=dg.in_process_executor,
     )
 

@@ -37,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from spogw_dagster.core.config import CurationConfig
+from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
 __all__ = [
@@ -257,7 +257,7 @@ class SpogwConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
-        from spogw_dagster.core.config import ConfigError
+        from spogw_dagster.core.hyperparams import ConfigError
 
         try:
             self.curation.core()
