@@ -177,7 +177,8 @@ def _self_refine(family: str, op: str) -> str:
             f"        draft = await self.{op}(instruction={cot!r})\n"
             f"        for i in range({SELF_REFINE_ROUNDS}):\n"
             f"            feedback = await self.{op}(instruction={fb_head!r} + draft + {fb_tail!r})\n"
-            f"            draft = await self.{op}(instruction={rf_head!r} + draft + {rf_mid!r} + feedback + {rf_tail!r})\n"
+            f"            draft = await self.{op}(instruction={rf_head!r} + draft + {rf_mid!r} + feedback\n"
+            f"                                    + {rf_tail!r})\n"
             "        return draft\n")
 
 
