@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--query", required=True, help="query id, e.g. HumanEval/0 or the GSM8K idx")
     ex.add_argument("--workflow", required=True, help="file with the workflow (code or raw generator output)")
     ex.add_argument("--runs", type=int, default=1, help="executions to average (ScoreFlow uses 3)")
-    bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc) on N test queries")
+    bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc, self_refine, multipersona) on N test queries")
     _common(bl)
     bl.add_argument("--method", required=True, choices=["io", "cot", "cot_sc", "self_refine", "multipersona"])
     bl.add_argument("--limit", type=int, default=20, help="number of test queries")

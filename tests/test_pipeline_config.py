@@ -123,3 +123,20 @@ def test_report_section_samples_temperature_and_split():
     a = load_config("ci")
     b = load_config("ci", overrides={"reward": {"format": 0.0}})
     assert section_hash(a, "benchmark_report") != section_hash(b, "benchmark_report")
+
+
+def test_config_is_merged_once_and_travels_resolved(tmp_path):
+    """The resource carries the resolved config: deleting the YAML after loading changes nothing, and the
+    resource's config equals the loaded one field for field."""
+    from spogw_dagster.pipeline.resources import PipelineResource
+    from spogw_dagster.pipeline.wiring import build_definitions
+
+    f = tmp_path / "c.yaml"
+    f.write_text("profile: ci\ntraining: {beta: 0.05}\n")
+    defs = build_definitions(config_file=f, assets_dir=tmp_path)
+    f.unlink()
+    res = defs.resources["pipeline"]
+    assert isinstance(res, PipelineResource)
+    cfg = res.config()
+    assert cfg.training.beta == 0.05 and cfg.profile == "ci"
+    assert cfg == load_config("ci", overrides={"training": {"beta": 0.05}})

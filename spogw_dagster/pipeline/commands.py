@@ -158,8 +158,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
     from . import heldout as ho
     from . import tables
-    from .settings import ConfigValidationError
     from .resources import PipelineResource
+    from .settings import ConfigValidationError, load_config
     from .storage import default_assets_dir, write_parquet_atomic
 
     report: dict = {}
@@ -173,9 +173,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
         report["baselines"] = []
     report["split"] = args.split
     root = Path(args.assets_dir).expanduser().resolve() if args.assets_dir else default_assets_dir()
-    pipeline = PipelineResource(assets_dir=str(root), profile=args.profile, config_file=args.config,
-                          overrides_json=_json.dumps({"report": report}))
-    cfg = pipeline.config()
+    cfg = load_config(args.profile, args.config, {"report": report})
+    pipeline = PipelineResource.from_config(cfg, root)
     b = cfg.benchmark
     limit = args.limit if args.limit is not None else (b.heldout_queries if args.split == "test"
                                                        else b.validation_queries)

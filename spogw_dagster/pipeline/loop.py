@@ -10,13 +10,14 @@ the loop ends with a table of held-out scores per iteration.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from .storage import ASSET_NAMES, AssetStore, default_assets_dir
 
@@ -109,18 +110,11 @@ def run_loop(
         instance = dg.DagsterInstance.get()
     else:
         home = Path(instance.root_directory) if getattr(instance, "root_directory", None) else None
-    defs = build_definitions(profile, config_file, root, overrides)
+    defs = build_definitions(assets_dir=root, config=cfg)
     job = defs.resolve_job_def(JOB_NAME)
 
     def say(msg: str) -> None:
         print(msg, file=out, flush=True)
-
-    progress = logging.getLogger("spogw.progress")
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter("  %(asctime)s %(message)s", "%H:%M:%S"))
-    progress.addHandler(handler)
-    progress.setLevel(logging.INFO)
-    progress.propagate = False
 
     say(f"spogw run: profile {cfg.profile}, {cfg.iterations} iteration(s), config {cfg.hash[:12]}, "
         f"benchmark {cfg.benchmark.name} (d={cfg.benchmark.train_queries}, held-out={cfg.benchmark.heldout_queries}), "
@@ -130,44 +124,65 @@ def run_loop(
         f"DAGSTER_HOME={home} {source} SPOGW_ASSETS_DIR={root} dagster dev")
     outcomes: list[IterationOutcome] = []
     try:
-        for k in range(cfg.iterations):
-            key = iteration_key(k)
-            if not force and _already_reported(store, key, cfg.hash):
-                say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
-                outcomes.append(IterationOutcome(key, "skipped"))
-                continue
-            if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
-                instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
-            say(f"iteration {key}: running {' -> '.join(ASSET_NAMES)}")
-            t0 = time.monotonic()
-            result = job.execute_in_process(
-                partition_key=key, instance=instance, raise_on_error=False,
-                tags={"spogw/iteration": key, "spogw/launched_by": "spogw run"},
-                run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-            )
-            o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
-                                 _asset_seconds(result), run_id=result.run_id,
-                                 checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
-            for a in ASSET_NAMES:
-                if a in o.asset_s:
-                    say(f"  {a:<18} {o.asset_s[a]:8.1f} s")
-            failed_checks = [c for c, ok in o.checks.items() if not ok]
-            say(f"  checks: {len(o.checks) - len(failed_checks)}/{len(o.checks)} passed"
-                + (f" (failed: {', '.join(failed_checks)})" if failed_checks else ""))
-            if not result.success:
-                o.error = _failure_message(result)
-                say(f"iteration {key} FAILED after {o.wall_s:.1f} s:\n  " + o.error.replace("\n", "\n  "))
-                outcomes.append(o)
-                break
-            say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
-            outcomes.append(o)
+        with _progress_to(out):
+            for k in range(cfg.iterations):
+                key = iteration_key(k)
+                if not force and _already_reported(store, key, cfg.hash):
+                    say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
+                    outcomes.append(IterationOutcome(key, "skipped"))
+                    continue
+                if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
+                    instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
+                outcomes.append(_run_iteration(job, instance, key, log_level, say))
+                if outcomes[-1].status == "failed":
+                    break
         say("")
         say(summary_table(store, cfg.iterations))
     finally:
-        progress.removeHandler(handler)
         if own_instance:
             instance.dispose()
     return outcomes
+
+
+@contextlib.contextmanager
+def _progress_to(out: TextIO):
+    """The assets' progress lines (logger spogw.progress) go to `out` while the loop runs."""
+    progress = logging.getLogger("spogw.progress")
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("  %(asctime)s %(message)s", "%H:%M:%S"))
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+    try:
+        yield
+    finally:
+        progress.removeHandler(handler)
+
+
+def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str], None]) -> IterationOutcome:
+    """Materialize one partition of the six assets in-process; print each asset's time and the checks."""
+    say(f"iteration {key}: running {' -> '.join(ASSET_NAMES)}")
+    t0 = time.monotonic()
+    result = job.execute_in_process(
+        partition_key=key, instance=instance, raise_on_error=False,
+        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run"},
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+    )
+    o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
+                         _asset_seconds(result), run_id=result.run_id,
+                         checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
+    for a in ASSET_NAMES:
+        if a in o.asset_s:
+            say(f"  {a:<18} {o.asset_s[a]:8.1f} s")
+    failed_checks = [c for c, ok in o.checks.items() if not ok]
+    say(f"  checks: {len(o.checks) - len(failed_checks)}/{len(o.checks)} passed"
+        + (f" (failed: {', '.join(failed_checks)})" if failed_checks else ""))
+    if not result.success:
+        o.error = _failure_message(result)
+        say(f"iteration {key} FAILED after {o.wall_s:.1f} s:\n  " + o.error.replace("\n", "\n  "))
+    else:
+        say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
+    return o
 
 
 def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:

@@ -22,13 +22,14 @@ import dagster as dg
 
 from spogw_dagster.contracts import Problem
 
-from .settings import SpogwConfig, load_config
+from .settings import SpogwConfig, parse_config
 from .storage import AssetStore
 
 
 @lru_cache(maxsize=16)
-def _load(profile: str | None, config_file: str | None, overrides_json: str) -> SpogwConfig:
-    return load_config(profile, config_file, json.loads(overrides_json or "{}"))
+def _parse(config_json: str) -> SpogwConfig:
+    """Validate the resolved configuration (merged once, by `load_config`); no profile or file is read again."""
+    return parse_config(json.loads(config_json))
 
 
 @lru_cache(maxsize=16)
@@ -51,16 +52,18 @@ def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: 
 
 
 class PipelineResource(dg.ConfigurableResource):
-    """Pipeline settings: a profile (tiny, ci, paper) or a YAML config file, JSON overrides, and where
-    materialized assets live."""
+    """Pipeline settings: the resolved configuration (profile, YAML file and overrides already merged by
+    `load_config`; the UI's launchpad shows it in full) and where materialized assets live."""
 
     assets_dir: str
-    profile: str | None = None
-    config_file: str | None = None
-    overrides_json: str = "{}"
+    config_json: str
+
+    @classmethod
+    def from_config(cls, cfg: SpogwConfig, assets_dir: str | Path) -> "PipelineResource":
+        return cls(assets_dir=str(assets_dir), config_json=cfg.model_dump_json())
 
     def config(self) -> SpogwConfig:
-        return _load(self.profile, self.config_file, self.overrides_json)
+        return _parse(self.config_json)
 
     def store(self) -> AssetStore:
         return AssetStore(self.assets_dir)

@@ -8,7 +8,6 @@ anyway, and on a small CPU machine one process per step would only add start-up 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -29,8 +28,12 @@ def build_definitions(
     config_file: str | os.PathLike[str] | None = None,
     assets_dir: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    config: SpogwConfig | None = None,
 ) -> dg.Definitions:
-    cfg: SpogwConfig = load_config(profile, config_file, overrides)
+    """Definitions for a profile / YAML file / overrides, or for an already loaded `config` (then the others
+    are ignored: `spogw run` loads once and passes it)."""
+    cfg: SpogwConfig = config if config is not None else load_config(profile, config_file, overrides)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     assets = build_assets(cfg)
     job = dg.define_asset_job(
@@ -38,9 +41,7 @@ def build_definitions(
         description="One SPOGW iteration: sample, execute, screen, sharpen, train, report (with checks).",
         tags={"spogw/loop": "iteration", "spogw/profile": cfg.profile, "spogw/config_hash": cfg.hash[:16]},
     )
-    pipeline = PipelineResource(assets_dir=str(root), profile=profile or None,
-                          config_file=str(config_file) if config_file else None,
-                          overrides_json=json.dumps(dict(overrides or {}), sort_keys=True))
+    pipeline = PipelineResource.from_config(cfg, root)
     return dg.Definitions(
         assets=assets,
         asset_checks=ALL_CHECKS,

@@ -1,0 +1,40 @@
+"""Code versions come from what each asset module imports, not from a hand-kept list."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from spogw_dagster.pipeline import versions
+from spogw_dagster.pipeline.assets import ASSET_MODULES
+from spogw_dagster.pipeline.settings import load_config
+
+PKG = Path(versions.__file__).resolve().parent.parent
+
+
+def test_closure_holds_what_the_training_asset_uses():
+    c = versions.import_closure("spogw_dagster.pipeline.assets.lora_checkpoint")
+    # the two files the old hand-kept list missed, and the trainer core
+    for f in ("pipeline/adapters.py", "fsutil.py", "core/trainer.py", "core/objectives.py", "adapter_files.py",
+              "pipeline/assets/common.py", "pipeline/assets/lora_checkpoint.py", "pipeline/__init__.py"):
+        assert f in c, f
+    # ... and not the command line, which no asset imports
+    assert "cli.py" not in c and "pipeline/commands.py" not in c
+
+
+def test_every_module_that_runs_sandbox_files_declares_them():
+    """A module that locates the top-level sandbox/ directory runs files from it without importing them; the
+    code version covers those files only through RUNTIME_FILES."""
+    users = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                   if re.search(r"""["']sandbox["']|dockerfile_dir\(\)""", p.read_text()) and p.name != "versions.py")
+    missing = [u for u in users if u not in versions.RUNTIME_FILES and u != "cli.py"]
+    assert not missing, f"add {missing} to versions.RUNTIME_FILES"
+    files = {str(p.relative_to(PKG.parent)) for p in versions.asset_files("execution_scores")}
+    assert {"sandbox/runner.py", "sandbox/solution_host.py", "sandbox/test_host.py"} <= files
+
+
+def test_code_versions_follow_config_sections():
+    a, b = load_config("ci"), load_config("ci", overrides={"report": {"samples": 3}})
+    same = {m.NAME for m in ASSET_MODULES if versions.code_version(m.NAME, a) == versions.code_version(m.NAME, b)}
+    # only the report reads the report section
+    assert same == {m.NAME for m in ASSET_MODULES} - {"benchmark_report"}
