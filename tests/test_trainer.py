@@ -46,6 +46,14 @@ def _examples(scores=(1.0, 0.9, 0.1, 0.0)) -> list[TrainExample]:
     ]
 
 
+def _as_pairs(examples: list[TrainExample], pairs: list[tuple[int, int]]) -> list[TrainExample]:
+    """score_dpo trains on explicit pairs: (chosen, rejected) example indices -> two rows sharing a group_id."""
+    from dataclasses import replace
+
+    return [replace(examples[i], group_id=f"pair:{k}", role=role)
+            for k, (w, l) in enumerate(pairs) for i, role in ((w, "chosen"), (l, "rejected"))]
+
+
 def _tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(adapter_dir / "adapter_model.safetensors"))
 
@@ -252,7 +260,8 @@ def test_shared_and_per_row_training_give_the_same_adapter(tiny_model, tmp_path)
 def test_each_objective_trains_and_saves(tiny_model, tmp_path, objective):
     cfg = TrainConfig(objective=objective, epochs=2, batch_size=2, grad_accum=2, learning_rate=1e-2,
                       lr_scheduler="linear", warmup_steps=1, seed=3)
-    res = train_lora(_examples(), cfg, tmp_path / "out", base_model=tiny_model)
+    ex = _as_pairs(_examples(), [(0, 2), (1, 3)]) if objective == "score_dpo" else _examples()
+    res = train_lora(ex, cfg, tmp_path / "out", base_model=tiny_model)
     d = res.adapter_dir
     assert d == (tmp_path / "out").resolve() and not res.reused
     for f in (*ADAPTER_FILES, STATS_FILE):
@@ -463,7 +472,8 @@ def test_first_step_loss_is_minus_the_mean_advantage(tiny_model, tmp_path):
 def test_first_step_of_the_baseline_objectives_by_hand(tiny_model, tmp_path, base_logprobs):
     """Step 0 (π_θ = π_ref = base), scores s = (1, 0.75, 0.25, 0) in one group:
     rwr        loss = mean_i exp(s_i / 0.4) · (−mean_t log π(o_{i,t})), log-probs from plain forwards;
-    score_dpo  Δ_w = Δ_l = 0 for every pair, so each pair's loss is −log σ(0) = ln 2."""
+    score_dpo  explicit pairs (0, 2) and (1, 3): Δ_w = Δ_l = 0 for every pair, so each pair's loss is
+               −log σ(0) = ln 2 (the trainer no longer draws pairs inside a group: n_pairs is the 2 given)."""
     import math
 
     scores = [1.0, 0.75, 0.25, 0.0]
@@ -474,9 +484,11 @@ def test_first_step_of_the_baseline_objectives_by_hand(tiny_model, tmp_path, bas
     want = sum(math.exp(sc / 0.4) * x for sc, x in zip(scores, nll)) / 4
     s0 = train_lora(ex, _hand_cfg(objective="rwr"), tmp_path / "rwr", base_model=tiny_model).stats["steps"][0]
     assert s0["loss"] == pytest.approx(want, rel=1e-5)
-    s0 = train_lora(ex, _hand_cfg(objective="score_dpo"), tmp_path / "dpo", base_model=tiny_model).stats["steps"][0]
-    assert s0["loss"] == pytest.approx(math.log(2), abs=1e-6)
-    assert s0["n_pairs"] == 6  # C(4, 2) candidate pairs, all scores different; as many draws by default
+    dpo = train_lora(_as_pairs(ex, [(0, 2), (1, 3)]), _hand_cfg(objective="score_dpo"), tmp_path / "dpo",
+                     base_model=tiny_model).stats["steps"]
+    assert len(dpo) == 1 and dpo[0]["rows"] == 4
+    assert dpo[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert dpo[0]["n_pairs"] == 2  # the explicit pairs, nothing drawn in the batch
 
 
 # ρ_i = exp(logp − old) set per row through the recorded π_old; Â = (1.5, 0.5, −0.25, −1.0), ε_c = 0.2:

@@ -18,8 +18,12 @@ asset can store its own stage:
 7. `compute_advantages`       Â_i = (s_i − mean_g) / (std_g + ε) over the sharpened group.
 
 `screen` runs steps 1–5 (the `screened_groups` asset) and `sharpen` steps 6–7 (`sharpened_groups`); both count
-their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`. `sample_preference_pairs` is the ScoreFlow
-(Score-DPO) alternative to steps 4–7.
+their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`.
+
+The baselines are fed as their papers feed them, from the full scored candidate set (`scored_candidates`: steps
+1–2 only) instead of steps 3–7: `sample_preference_pairs` is ScoreFlow's Score-DPO data (pairs over each query's
+candidates, drawn ∝ (s_w − s_l)^power, a fixed budget per iteration; `preference_pair_candidates` gives the
+probability of each candidate pair), `rwr_candidates` is W4S's (every candidate once, weight exp(r/T)).
 
 Choices where the specification is silent (each is documented again at its function):
 
@@ -77,6 +81,9 @@ __all__ = [
     "Sharpening",
     "count_reasons",
     "sample_preference_pairs",
+    "preference_pair_candidates",
+    "scored_candidates",
+    "rwr_candidates",
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -145,14 +152,26 @@ ADVANTAGE_SCHEMA: dict[str, pl.DataType] = {
     "advantage": pl.Float64(),
 }
 
-PAIRS_SCHEMA: dict[str, pl.DataType] = {
-    "draw": pl.Int64(),
+PAIR_CANDIDATES_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
     "query_id": pl.String(),
     "chosen_idx": pl.Int64(),
     "rejected_idx": pl.Int64(),
     "chosen_score": pl.Float64(),
     "rejected_score": pl.Float64(),
+    "weight": pl.Float64(),  # (s_w − s_l)^power
+    "probability": pl.Float64(),  # weight / Σ weight over every candidate pair of the frame
+}
+
+PAIRS_SCHEMA: dict[str, pl.DataType] = {"draw": pl.Int64(), **PAIR_CANDIDATES_SCHEMA}
+
+RWR_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "query_id": pl.String(),
+    "sample_idx": pl.Int64(),
+    "score": pl.Float64(),  # the reward r
+    "status": pl.String(),
+    "weight": pl.Float64(),  # exp(r / T)
 }
 
 _STATUS_VALUES = tuple(s.value for s in Status)
@@ -748,45 +767,78 @@ def curate(samples: pl.DataFrame, cfg: CurationConfig) -> CurationResult:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def sample_preference_pairs(
-    df: pl.DataFrame, n_pairs: int | None = None, power: float = 3.0, seed: int = 0
-) -> pl.DataFrame:
-    """ScoreFlow's pair data: per query, every pair of workflows with different scores (chosen = higher score);
-    then `n_pairs` draws **with replacement**, pooled over all queries, with probability ∝ (s_w − s_l)^power.
+def scored_candidates(samples: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The full scored candidate set of the baselines' data paths: every sampled workflow with a score, i.e.
+    `validate_samples` then `exclude_executor_errors` (an infrastructure failure says nothing about the
+    workflow). Returns (usable rows, dropped rows with reason).
 
-    Input: usable rows (after `exclude_executor_errors` and, optionally, `filter_near_duplicates`). n_pairs None
-    = as many draws as candidate pairs (ScoreFlow fixes 2000, or 600 for HumanEval). Seeded
-    (`numpy.random.default_rng(seed)`, ScoreFlow sets no seed); candidates are enumerated in key order, so the
-    draws do not depend on row order. Output rows are in draw order.
+    Near-duplicates are **not** excluded, following ScoreFlow: its pair builder (`evaluate.py`) forms all pairs
+    among a query's workflows; its only similarity check compares each workflow with the *template* (novelty,
+    `sim_threshold`, 1.1 = off for HumanEval/MBPP), never two workflows with each other. W4S likewise stores
+    every sampled candidate with its reward. So the same workflow sampled twice counts twice, as in both papers.
     """
-    if n_pairs is not None and n_pairs < 1:
-        raise ValueError(f"n_pairs={n_pairs} must be >= 1 or None")
+    return exclude_executor_errors(validate_samples(samples))
+
+
+def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataFrame:
+    """Every ScoreFlow candidate pair: per query, each pair of rows with different scores (chosen = higher
+    score; ties give no pair), with weight (s_w − s_l)^power and its probability weight / Σ weight over **all**
+    candidate pairs of the frame (pooled over queries, as ScoreFlow's `np.random.choice` over its whole list).
+    Enumerated in key order (iteration, query_id, then sample_idx pairs i < j), so independent of row order.
+
+    Scores 1, 0.5, 0 of one query, power 3: pairs (1, 0.5), (1, 0), (0.5, 0) with weights 0.125, 1, 0.125,
+    probabilities 0.1, 0.8, 0.1."""
     if power < 0:
         raise ValueError(f"power={power} must be >= 0")
-    cand: list[tuple[int, str, int, int, float, float]] = []
+    cand: list[dict[str, Any]] = []
     for (it, qid), rows in _by_query(df):
         for a, b in itertools.combinations(rows, 2):
             sa, sb = float(a["score"]), float(b["score"])
             if sa == sb:
                 continue
             w, l = (a, b) if sa > sb else (b, a)
-            cand.append((it, qid, w["sample_idx"], l["sample_idx"], float(w["score"]), float(l["score"])))
-    if not cand:
+            sw, sl = float(w["score"]), float(l["score"])
+            cand.append({"iteration": it, "query_id": qid, "chosen_idx": w["sample_idx"],
+                         "rejected_idx": l["sample_idx"], "chosen_score": sw, "rejected_score": sl,
+                         "weight": (sw - sl) ** power})
+    total = math.fsum(c["weight"] for c in cand)
+    for c in cand:
+        c["probability"] = c["weight"] / total
+    return _columns(cand, PAIR_CANDIDATES_SCHEMA)
+
+
+def sample_preference_pairs(
+    df: pl.DataFrame, n_pairs: int | None = None, power: float = 3.0, seed: int = 0
+) -> pl.DataFrame:
+    """ScoreFlow's pair data: per query, every pair of workflows with different scores (chosen = higher score);
+    then `n_pairs` draws **with replacement**, pooled over all queries, with probability ∝ (s_w − s_l)^power
+    (`preference_pair_candidates`; its weight and probability columns come along).
+
+    Input: usable rows (`scored_candidates`). n_pairs None = as many draws as candidate pairs (ScoreFlow fixes
+    2000, or 600 for HumanEval). Seeded (`numpy.random.default_rng(seed)`, ScoreFlow sets no seed); candidates
+    are enumerated in key order, so the draws do not depend on row order. Output rows are in draw order.
+    """
+    if n_pairs is not None and n_pairs < 1:
+        raise ValueError(f"n_pairs={n_pairs} must be >= 1 or None")
+    cand = preference_pair_candidates(df, power)
+    if cand.height == 0:
         return _frame(None, PAIRS_SCHEMA)
-    weights = np.array([(c[4] - c[5]) ** power for c in cand], dtype=np.float64)
-    p = weights / weights.sum()
-    k = len(cand) if n_pairs is None else n_pairs
-    picks = np.random.default_rng(seed).choice(len(cand), size=k, replace=True, p=p)
-    rows_out = [cand[i] for i in picks.tolist()]
-    return _frame(
-        {
-            "draw": list(range(k)),
-            "iteration": [r[0] for r in rows_out],
-            "query_id": [r[1] for r in rows_out],
-            "chosen_idx": [r[2] for r in rows_out],
-            "rejected_idx": [r[3] for r in rows_out],
-            "chosen_score": [r[4] for r in rows_out],
-            "rejected_score": [r[5] for r in rows_out],
-        },
-        PAIRS_SCHEMA,
-    )
+    p = cand["probability"].to_numpy().astype(np.float64)
+    p = p / p.sum()  # exact normalisation for numpy's check
+    k = cand.height if n_pairs is None else n_pairs
+    picks = np.random.default_rng(seed).choice(cand.height, size=k, replace=True, p=p)
+    out = cand.select(pl.all().gather(picks.tolist())).with_columns(pl.Series("draw", list(range(k)), dtype=pl.Int64()))
+    return out.select(list(PAIRS_SCHEMA)).cast(PAIRS_SCHEMA)  # type: ignore[arg-type]
+
+
+def rwr_candidates(df: pl.DataFrame, temperature: float = 0.4) -> pl.DataFrame:
+    """W4S's data: every usable row (`scored_candidates`) once, in key order, with weight exp(r / T) (W4S:
+    T = 0.4; r = the row's score). No grouping, no repetition. Scores 1, 0.5, 0 → weights e^2.5 ≈ 12.1825,
+    e^1.25 ≈ 3.4903, 1."""
+    if not (temperature > 0):
+        raise ValueError(f"temperature={temperature} must be > 0")
+    rows = df.sort(["iteration", "query_id", "sample_idx"])
+    out = rows.select(["iteration", "query_id", "sample_idx", "score", "status"]).with_columns(
+        pl.Series("weight", [math.exp(float(r) / temperature) for r in rows["score"].to_list()],
+                  dtype=pl.Float64()))
+    return out.cast(RWR_SCHEMA)  # type: ignore[arg-type]

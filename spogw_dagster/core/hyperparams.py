@@ -158,13 +158,25 @@ class ObjectiveConfig(_FromDict):
     dpo_pair_power
                  pairs are sampled with probability ∝ (s_w − s_l)^power (ScoreFlow: 3).
     dpo_num_pairs
-                 pairs drawn (with replacement) when the loss samples pairs inside a batch; None = as many as
-                 there are candidate pairs in the batch.
+                 ScoreFlow's pair budget per iteration: pairs drawn with replacement, ∝ (s_w − s_l)^power, from
+                 all candidate pairs of all training queries (`curation.sample_preference_pairs`); None = as many
+                 draws as there are candidate pairs (pairs of a query's scored workflows with different scores).
+                 Default None. ScoreFlow fixes 2000 (600 for HumanEval). Its HumanEval run has 33 queries × 8
+                 workflows, at most 33 · C(8, 2) = 924 candidate pairs (fewer after ties), so 600 draws are about
+                 as many as the candidates; None keeps that proportion on every profile without a number per
+                 profile: tiny (16 queries × 8) draws at most 16 · 28 = 448 pairs, ci (2 × 4) at most 12, paper
+                 (100 × 16) at most 12000 (set 2000 there to copy ScoreFlow's absolute budget). Each pair is two
+                 training rows. (The pure loss `objectives.score_dpo` called without explicit pairs also reads
+                 it as its in-batch draw count; the trainer always passes explicit pairs.)
     rwr_temperature
                  W4S weight exp(r / T); T = 0.4 (W4S default).
     rwr_normalize_weights
                  False (W4S): raw weights exp(r/T). True: divide by their batch mean (self-normalised RWR).
-    seed         seed of in-batch pair sampling for score_dpo.
+    seed         seed of score_dpo's pair sampling (combined with the iteration in the pipeline).
+
+    Log-probs: score_dpo and rwr compute π_θ and π_ref at T = 1, as ScoreFlow (TRL's DPO trainer) and W4S
+    (plain HF cross-entropy) do; the GRPO family at the sampling temperature, so that π_θ/π_old is the ratio
+    of the policy that sampled (`logprob_temperature`).
     """
 
     objective: str = "spogw"
@@ -228,6 +240,14 @@ class ObjectiveConfig(_FromDict):
     def needs_old(self) -> bool:
         """Whether the loss reads π_old (the clipped ratio)."""
         return self.objective in ("spogw", "grpo", "grpo_nokl")
+
+    def logprob_temperature(self, sampling_temperature: float) -> float:
+        """The T of log softmax(logits / T) for every log-prob the trainer computes (π_θ, π_old, π_ref):
+        1.0 for score_dpo and rwr (ScoreFlow's TRL DPO and W4S score at T = 1), the sampling temperature for
+        spogw / grpo / grpo_nokl (π_old is the sampler's distribution)."""
+        if self.objective in ("score_dpo", "rwr"):
+            return 1.0
+        return float(sampling_temperature)
 
     def objective_config(self) -> "ObjectiveConfig":
         """Just the objective's fields (a `TrainConfig` carries them among its own)."""

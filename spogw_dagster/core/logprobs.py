@@ -6,8 +6,10 @@ Convention (the one place it is defined): the log-prob of a completion token is
 
 with T the *sampling temperature* (T = 1 for greedy decoding), taken **before** any top-p/top-k
 truncation. It is exactly the log-prob of the distribution we sampled from when top_p = 1 (our
-default), and it is what the trainer computes for π_θ, π_old and π_ref, so the ratio π_θ/π_old is 1
-at the start of training.
+default), and it is what the trainer computes for π_θ, π_old and π_ref of the GRPO family, so the ratio
+π_θ/π_old is 1 at the start of training. The trainer passes T = `TrainConfig.logprob_T`
+(`ObjectiveConfig.logprob_temperature`): the sampling temperature for spogw / grpo / grpo_nokl, 1 for
+score_dpo and rwr, which score at T = 1 as ScoreFlow (TRL DPO) and W4S do.
 
 Two layouts give the same numbers (the same model function; fp32 rounding differs by ~1e-5):
 

@@ -23,17 +23,23 @@ Objectives (`compute_loss(name, batch, cfg)` dispatches):
 * score_dpo  ScoreFlow's Score-DPO on pairs (w, l) of rows with s_w > s_l:
                  Δ_i = Σ_t mask (logp − ref)   (sums, not means, as in TRL/ScoreFlow),
                  loss = mean_pairs −log σ(β_dpo [s_w Δ_w − (1 − s_l) Δ_l]).
-             Pairs come from `batch.pairs` when given (the faithful ScoreFlow path: pairs drawn once over the
-             whole dataset by `curation.sample_preference_pairs`, then batched). Otherwise they are drawn inside
-             the batch: every pair of rows of the same group (`batch.group_ids`, or the whole batch) with
-             different scores is a candidate, and `dpo_num_pairs` draws (default: as many as candidates) are
-             taken with replacement with probability ∝ (s_w − s_l)^power, seeded by cfg.seed. A batch without
-             a candidate pair gives a zero loss (still differentiable) and n_pairs = 0.
+             Pairs come from `batch.pairs` when given. That is the training path: the pipeline draws ScoreFlow's
+             pairs once per iteration over every query's scored candidates (`curation.sample_preference_pairs`)
+             and the trainer passes each micro-batch's (chosen, rejected) rows explicitly. Without `pairs` (the
+             pure loss on a hand-made batch) they are drawn inside the batch: every pair of rows of the same
+             group (`batch.group_ids`, or the whole batch) with different scores is a candidate, and
+             `dpo_num_pairs` draws (default: as many as candidates) are taken with replacement with
+             probability ∝ (s_w − s_l)^power, seeded by cfg.seed. A batch without a candidate pair gives a zero
+             loss (still differentiable) and n_pairs = 0.
 * rwr        W4S reward-weighted regression: w_i = exp(r_i / T), T = 0.4,
                  loss = mean_i w_i · ( −(1/|o_i|) Σ_t logp_{i,t} ).
              Per-token mean within a sequence and raw (unnormalised) weights, as W4S's WeightedTrainer does
              (HF per-sample mean NLL × weight, averaged over the batch). `rwr_normalize_weights=True` divides the
-             weights by their batch mean instead.
+             weights by their batch mean instead. The pipeline feeds every scored candidate of the iteration
+             once (`curation.rwr_candidates`), as W4S weights every sampled candidate once.
+
+The trainer computes log-probs for score_dpo and rwr at T = 1 and for the GRPO family at the sampling
+temperature (`ObjectiveConfig.logprob_temperature`); the losses themselves take log-probs as given.
 """
 
 from __future__ import annotations

@@ -18,8 +18,11 @@ Policies (DESIGN §2), with π_{k−1} = base + previous adapter (the base model
   rank, alpha and target modules must match the config), ``"restart"`` from a fresh LoRA (B = 0, so the
   start equals the base model).
 
-All log-probs are ``log softmax(logits / cfg.temperature)`` of the completion tokens; prompt tokens are
-context only. With ``cfg.shared_prompt`` (default) every pass runs each distinct prompt of a batch once and
+All log-probs are ``log softmax(logits / T)`` of the completion tokens with
+``T = cfg.logprob_temperature(cfg.temperature)``: the sampling temperature for spogw / grpo / grpo_nokl
+(π_old is the sampler's distribution), 1 for score_dpo and rwr (ScoreFlow's TRL DPO and W4S score at
+T = 1); prompt tokens are context only. score_dpo trains on explicit pairs: each example carries
+``role`` "chosen" or "rejected" and its pair's ``group_id``; a pair's two rows share a micro-batch. With ``cfg.shared_prompt`` (default) every pass runs each distinct prompt of a batch once and
 only the completions per row (`core.logprobs.SharedPromptBatch`); micro-batches keep a prompt's rows together. The loss is `core.objectives.compute_loss(cfg.objective, ...)`.
 
 Output: a standard PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
@@ -83,7 +86,8 @@ class TrainConfig(ObjectiveConfig):
     Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps, the score_dpo / rwr
                 knobs and seed are inherited from `core.config.ObjectiveConfig` (declared and validated there).
     Policies:   ref_mode "base" | "previous"; init "continue" | "restart"; old_logprobs "recompute" | "data";
-                temperature (must equal the sampling temperature; 1.0 for greedy data).
+                temperature (must equal the sampling temperature; 1.0 for greedy data). Log-probs are taken at
+                `logprob_temperature` (the objective's: 1.0 for score_dpo / rwr, `temperature` otherwise).
     Misc:       seed; eval_after (one more no-grad pass: per-example mean log-prob before/after training in
                 the stats, and its change for positive- and negative-advantage rows); max_completion_tokens (truncate longer completions; None = keep all);
                 dtype ("float32" on the CPU); device ("auto" = cuda when available).
@@ -196,6 +200,12 @@ class TrainConfig(ObjectiveConfig):
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16' or 'float16'.")
 
+    @property
+    def logprob_T(self) -> float:
+        """The temperature of every log-prob this run computes (π_θ, π_old, π_ref, the after-training pass):
+        `ObjectiveConfig.logprob_temperature` of the sampling temperature."""
+        return self.logprob_temperature(self.temperature)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
@@ -216,6 +226,7 @@ class TrainExample:
     prompt_token_ids: list[int] | None = None
     completion_token_ids: list[int] | None = None
     group_id: str | int | None = None
+    role: str | None = None  # score_dpo: "chosen" | "rejected" (the pair is the rows sharing group_id)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainExample":
@@ -226,7 +237,9 @@ class TrainExample:
         def lst(x):
             return None if x is None else [float(v) if isinstance(v, float) else v for v in list(x)]
 
+        role = {} if self.role is None else {"role": self.role}  # absent when unset: older data hashes hold
         return {
+            **role,
             "prompt": self.prompt,
             "completion": self.completion,
             "advantage": float(self.advantage),
@@ -285,6 +298,7 @@ class _Item:
     old: list[float] | None = None
     ref: list[float] | None = None
     final: list[float] | None = None
+    role: str | None = None
 
 
 def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_Item]:
@@ -328,9 +342,35 @@ def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_
             c = c[: cfg.max_completion_tokens]
             old = old[: cfg.max_completion_tokens] if old is not None else None
         items.append(
-            _Item(i, p, c, float(e.advantage), None if e.score is None else float(e.score), e.group_id, old)
+            _Item(i, p, c, float(e.advantage), None if e.score is None else float(e.score), e.group_id, old,
+                  role=e.role)
         )
+    if cfg.objective == "score_dpo":
+        _check_pairs(items)
     return items
+
+
+def _check_pairs(items: Sequence[_Item]) -> None:
+    """score_dpo trains on explicit pairs: every row is "chosen" or "rejected", and each group_id holds one
+    of each (the pair), chosen with the higher score."""
+    pairs: dict[Any, dict[str, _Item]] = {}
+    for it in items:
+        if it.role not in ("chosen", "rejected") or it.group is None:
+            raise ValueError(
+                f"example {it.idx}: score_dpo trains on explicit (chosen, rejected) pairs; every example needs "
+                f"role 'chosen' or 'rejected' and a group_id shared with its pair (got role={it.role!r}, "
+                f"group_id={it.group!r}); fix: build them with pipeline.tables.score_dpo_training_data "
+                "(ScoreFlow's pairs from core.curation.sample_preference_pairs)"
+            )
+        if it.role in pairs.setdefault(it.group, {}):
+            raise ValueError(f"pair {it.group!r} has two {it.role!r} rows; a pair is one chosen and one rejected row")
+        pairs[it.group][it.role] = it
+    for gid, p in pairs.items():
+        if len(p) != 2:
+            raise ValueError(f"pair {gid!r} has only a {next(iter(p))!r} row; a pair is one chosen and one rejected row")
+        if not p["chosen"].score > p["rejected"].score:  # type: ignore[operator]
+            raise ValueError(f"pair {gid!r}: the chosen score {p['chosen'].score} must exceed the rejected "
+                             f"{p['rejected'].score} (ScoreFlow drops ties)")
 
 
 def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Item]]:
@@ -340,8 +380,8 @@ def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Ite
     cut into micro-batches of batch_size rows. A micro-batch thus holds one prompt's rows, or the tail of one
     prompt and the head of the next, never more than batch_size rows (bounded memory), and the shared-prompt
     forward runs each prompt once per micro-batch. The same batches feed both forward paths, so
-    ``shared_prompt`` changes only how a batch is computed. score_dpo shuffles whole groups (its pairs are
-    drawn inside a group) and keeps each group in one micro-batch; a group larger than batch_size is a
+    ``shared_prompt`` changes only how a batch is computed. score_dpo shuffles whole groups (a pair is the
+    two rows of one group_id) and keeps each group in one micro-batch; a group larger than batch_size is a
     micro-batch of its own."""
     import torch
 
@@ -373,6 +413,24 @@ def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Ite
     if cur:
         out.append(cur)
     return out
+
+
+def _explicit_pairs(mb: Sequence[_Item]):
+    """[P, 2] (chosen row, rejected row) of the micro-batch's pairs (rows with a role, paired by group_id), in
+    order of first appearance; None when the rows carry no roles (the loss then draws pairs in the batch)."""
+    import torch
+
+    if all(x.role is None for x in mb):
+        return None
+    by_pair: dict[str, dict[str, int]] = {}
+    for j, x in enumerate(mb):
+        if x.role not in ("chosen", "rejected"):
+            raise ValueError(f"row {x.idx}: role {x.role!r}; score_dpo rows are 'chosen' or 'rejected'")
+        by_pair.setdefault(repr(x.group), {})[x.role] = j
+    bad = [g for g, p in by_pair.items() if len(p) != 2]
+    if bad:  # pragma: no cover - _batches keeps a group in one micro-batch, _check_pairs checks the groups
+        raise RuntimeError(f"pair(s) {bad} split across micro-batches")
+    return torch.tensor([[p["chosen"], p["rejected"]] for p in by_pair.values()], dtype=torch.long)
 
 
 def _group_ids(mb: Sequence[_Item]):
@@ -427,7 +485,7 @@ def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device
         for s in range(0, len(order), bs):
             chunk = order[s : s + bs]
             b = build_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id, cfg.shared_prompt)
-            lp = completion_logprobs(model, b.to(device), cfg.temperature).cpu()
+            lp = completion_logprobs(model, b.to(device), cfg.logprob_T).cpu()
             for j, x in enumerate(chunk):
                 setattr(x, attr, lp[j, : len(x.completion_ids)].tolist())
 
@@ -441,7 +499,7 @@ def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: 
 
     b = build_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id, cfg.shared_prompt)
     b = b.to(device)
-    return completion_logprobs(model, b, cfg.temperature), b
+    return completion_logprobs(model, b, cfg.logprob_T), b
 
 
 def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, device, ocfg=None):
@@ -459,6 +517,7 @@ def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, de
         advantages=torch.tensor([x.advantage for x in mb], dtype=torch.float32, device=device),
         scores=torch.tensor([x.score if x.score is not None else 0.0 for x in mb], dtype=torch.float32, device=device),
         group_ids=_group_ids(mb),
+        pairs=_explicit_pairs(mb) if cfg.objective == "score_dpo" else None,
     )
     return compute_loss(cfg.objective, lb, ocfg or cfg.objective_config())
 
@@ -546,6 +605,7 @@ def train_lora(
         "summary": {
             **run.summary(),
             "precompute_seconds": round(precompute_s, 3),
+            "logprob_temperature": cfg.logprob_T,
             "total_seconds": round(time.perf_counter() - t_start, 3),
             "device": str(device),
             **moved,

@@ -2,6 +2,10 @@
 
     duckdb assets/spogw.duckdb "select iteration, status, avg(score) from execution_scores group by all"
     duckdb assets/spogw.duckdb "select step, mode, metric, value, ci_low, ci_high from learning_curve order by all"
+    duckdb assets/spogw.duckdb "select objective, count(*) from training_rows group by 1"
+
+Tables: every asset and side table of `storage.TABLES`, plus `training_rows` (the rows each lora_checkpoint
+trained on, written beside the adapter): `CATALOG_TABLES`.
 
 Consistency while a run writes. Atomic renames alone are not enough for DuckDB: a query opens a Parquet
 file more than once (schema and footer when it binds, data when it runs), so a file replaced between the
@@ -36,6 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from .storage import TABLES, AssetStore
+
+#: Side tables written by an asset module besides those `storage.TABLES` names (training_rows: lora_checkpoint).
+EXTRA_SIDE_TABLES = ("training_rows",)
+#: Every table that gets a view (when it has partitions).
+CATALOG_TABLES = TABLES + tuple(t for t in EXTRA_SIDE_TABLES if t not in TABLES)
 
 SIDE_FILE = ".catalog.json"
 SNAP_DIR = ".snapshots"
@@ -121,7 +130,7 @@ def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
             old = {}
         old_files: dict[str, dict[str, Any]] = old.get("files", {})
         files: dict[str, dict[str, Any]] = {}
-        for table in TABLES:
+        for table in CATALOG_TABLES:
             for part in store.partitions(table):
                 rec = old_files.get(table, {}).get(part)
                 files.setdefault(table, {})[part] = rec if _same_file(store, table, part, rec) else \
@@ -167,7 +176,7 @@ def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
         try:
             con.execute("CREATE TABLE catalog_info (view_name VARCHAR, partitions INTEGER, parquet_dir VARCHAR, "
                         "built_at DOUBLE)")
-            for t in TABLES:
+            for t in CATALOG_TABLES:
                 if views.get(t):
                     con.execute(view_sql(t, views[t]))
                     con.execute("INSERT INTO catalog_info VALUES (?, ?, ?, ?)",

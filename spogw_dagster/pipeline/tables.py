@@ -221,6 +221,124 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
     return out
 
 
+# ------------------------------------------------------------------------------------------------
+# lora_checkpoint: the data path of each objective, and the rows it used (the training_rows side table)
+#
+# spogw / grpo / grpo_nokl train on the sharpened groups (`training_examples`, unchanged). The baselines are
+# fed as their papers feed them, from the iteration's full scored candidate set (sampled_workflows joined with
+# execution_scores, executor errors excluded, near-duplicates kept: `core.curation.scored_candidates`):
+#   score_dpo  ScoreFlow's pairs, drawn once per iteration ∝ (s_w − s_l)^power, a fixed budget
+#              (`dpo_num_pairs`); each draw is two examples, "chosen" and "rejected", sharing group_id.
+#   rwr        W4S: every candidate once, weight exp(r / T).
+
+TRAINING_ROWS_SCHEMA: dict[str, pl.DataType] = {
+    "iteration": pl.Int64(),
+    "objective": pl.String(),
+    "example_idx": pl.Int64(),  # position in the trainer's example list
+    "query_id": pl.String(),
+    "sample_idx": pl.Int64(),
+    "role": pl.String(),  # top | bottom (sharpened member), chosen | rejected (score_dpo), candidate (rwr)
+    "group_id": pl.String(),  # the sharpened group; the pair (score_dpo); null for rwr
+    "draw": pl.Int64(),  # score_dpo: the pair's draw index; null otherwise
+    "weight": pl.Float64(),  # rwr: exp(r/T); score_dpo: the pair's (s_w − s_l)^power; null otherwise
+    "probability": pl.Float64(),  # score_dpo: the pair's probability per draw; null otherwise
+    "advantage": pl.Float64(),  # spogw / grpo / grpo_nokl: Â; null otherwise
+    "score": pl.Float64(),  # the row's score (the reward r)
+}
+
+_SAMPLED_TRAIN_COLS = ["prompt", "completion", "completion_token_ids", "logprobs"]
+_KEY = ["iteration", "query_id", "sample_idx"]
+
+
+def pair_seed(seed: int, iteration: int) -> int:
+    """The seed of iteration k's pair draw (another draw each iteration, the same on a rerun)."""
+    return int(seed) * 1_000_003 + int(iteration)
+
+
+def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
+                  ocfg, iteration: int) -> tuple[list, pl.DataFrame]:
+    """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
+    if objective == "score_dpo":
+        return score_dpo_training_data(sampled, scores, ocfg, iteration)
+    if objective == "rwr":
+        return rwr_training_data(sampled, scores, ocfg, iteration)
+    return sharpened_training_data(sharpened, sampled, objective, iteration)
+
+
+def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, objective: str,
+                            iteration: int) -> tuple[list, pl.DataFrame]:
+    """The GRPO family's data: `training_examples` (one example per sharpened member and group) and its rows."""
+    examples = training_examples(sharpened, sampled)
+    rows = sharpened.sort(["group_id", "rank"]) if sharpened.height else sharpened
+    out = [{"iteration": iteration, "objective": objective, "example_idx": i, "query_id": r["query_id"],
+            "sample_idx": r["sample_idx"], "role": r["role"], "group_id": r["group_id"],
+            "advantage": float(r["advantage"]), "score": float(r["score"])}
+           for i, r in enumerate(rows.iter_rows(named=True))]
+    return examples, _frame(out, TRAINING_ROWS_SCHEMA)
+
+
+def scored_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
+    """The iteration's full scored candidate set with what training needs: `core.curation.scored_candidates`
+    of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
+    sampled prompt, completion, tokens and log-probs. A row whose completion has no tokens is left out (there
+    is nothing to train on; the trainer refuses empty completions)."""
+    from spogw_dagster.core.curation import scored_candidates as core_candidates
+
+    usable, _ = core_candidates(curation_input(sampled, scores))
+    j = usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
+    return j.filter(pl.col("completion_token_ids").list.len() > 0).sort(_KEY)
+
+
+def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advantage: float = 0.0):
+    from spogw_dagster.core.trainer import TrainExample
+
+    return TrainExample(prompt=r["prompt"], completion=r["completion"], advantage=advantage,
+                        score=float(r["score"]), old_logprobs=list(r["logprobs"]),
+                        completion_token_ids=list(r["completion_token_ids"]), group_id=group_id, role=role)
+
+
+def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
+                            iteration: int) -> tuple[list, pl.DataFrame]:
+    """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
+    candidate pairs of all queries, ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
+    examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
+    micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
+    from spogw_dagster.core.curation import sample_preference_pairs
+
+    cands = scored_candidates(sampled, scores)
+    pairs = sample_preference_pairs(cands, ocfg.dpo_num_pairs, power=ocfg.dpo_pair_power,
+                                    seed=pair_seed(ocfg.seed, iteration))
+    by_key = {(r["query_id"], r["sample_idx"]): r for r in cands.iter_rows(named=True)}
+    examples, rows = [], []
+    for p in pairs.iter_rows(named=True):
+        gid = f"pair:{p['draw']}"
+        for role, idx in (("chosen", p["chosen_idx"]), ("rejected", p["rejected_idx"])):
+            r = by_key[(p["query_id"], idx)]
+            rows.append({"iteration": iteration, "objective": "score_dpo", "example_idx": len(examples),
+                         "query_id": p["query_id"], "sample_idx": idx, "role": role, "group_id": gid,
+                         "draw": p["draw"], "weight": p["weight"], "probability": p["probability"],
+                         "score": float(r["score"])})
+            examples.append(_example(r, group_id=gid, role=role))
+    return examples, _frame(rows, TRAINING_ROWS_SCHEMA)
+
+
+def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
+                      iteration: int) -> tuple[list, pl.DataFrame]:
+    """W4S's data: every scored candidate once, in key order, with weight exp(r / `rwr_temperature`) (the loss
+    computes the same weight from the score)."""
+    from spogw_dagster.core.curation import rwr_candidates
+
+    cands = scored_candidates(sampled, scores)
+    weights = rwr_candidates(cands, ocfg.rwr_temperature)
+    examples, rows = [], []
+    for r, w in zip(cands.iter_rows(named=True), weights["weight"].to_list()):
+        rows.append({"iteration": iteration, "objective": "rwr", "example_idx": len(examples),
+                     "query_id": r["query_id"], "sample_idx": r["sample_idx"], "role": "candidate",
+                     "weight": w, "score": float(r["score"])})
+        examples.append(_example(r, group_id=r["query_id"]))
+    return examples, _frame(rows, TRAINING_ROWS_SCHEMA)
+
+
 CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
     "adapter_path": pl.String(),

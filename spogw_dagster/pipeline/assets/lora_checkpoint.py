@@ -1,6 +1,11 @@
 """lora_checkpoint(k): the LoRA adapter of iteration k, trained with the configured objective (ioGRPO + mKL by
-default) on the sharpened groups, continuing from lora_checkpoint(k-1). With no training data the parent
-policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from."""
+default) on the sharpened groups, continuing from lora_checkpoint(k-1). The baselines read the full scored
+candidate set instead (sampled_workflows joined with execution_scores), as their papers do: score_dpo
+ScoreFlow's pairs, rwr W4S's every-candidate-once (`tables.training_data`). With no training data the parent
+policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from.
+
+Side table `training_rows` (one Parquet per iteration partition, a DuckDB view like heldout_results): the
+rows each objective trained on, e.g. `select objective, role, count(*) from training_rows group by all`."""
 
 import time
 from pathlib import Path
@@ -13,31 +18,55 @@ from .. import tables
 from ..lineage import adapter_sha256
 from ..partitions import key_to_int
 from ..resources import PipelineResource
+from ..storage import AssetStore
 from .common import common_metadata, parent_or_fail, say
 
 NAME = "lora_checkpoint"
 GROUP = "training"
 KINDS = {"pytorch", "parquet"}
-DESCRIPTION = ("LoRA adapter of iteration k trained on the sharpened groups (objective from the config; ioGRPO + "
-               "mKL by default), continuing from lora_checkpoint(k-1).")
+DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objective (ioGRPO + mKL by default) on the "
+               "sharpened groups, or for score_dpo / rwr on the full scored candidate set (ScoreFlow's pairs, W4S's "
+               "weighted candidates), continuing from lora_checkpoint(k-1). Side table: training_rows.")
+TRAINING_ROWS = "training_rows"
 
 
 def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharpened_groups: pl.DataFrame,
-            sampled_workflows: pl.DataFrame) -> pl.DataFrame:
+            sampled_workflows: pl.DataFrame, execution_scores: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key
     store = pipeline.store()
     parent = parent_or_fail(store, key)
-    examples = tables.training_examples(sharpened_groups, sampled_workflows)
+    tcfg = cfg.train_config()
+    examples, used = tables.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
+                                          tcfg.objective_config(), key_to_int(key))
+    write_training_rows(store, key, used)
     out = store.adapter_dir(key)
     stats, reused = _train_or_carry(context, cfg, examples, out, parent)
-    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), cfg.train_config().objective)
-    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats)})
+    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective)
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
+                                 "training_rows": dg.MetadataValue.json(_rows_summary(used))})
     say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
                  f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
                  + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
     return tables.checkpoint_frame(row)
+
+
+def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
+    """The training_rows side table of partition `key` (replaced on a rerun), then the DuckDB catalog."""
+    from ..catalog import refresh_catalog
+
+    store.write_parquet(TRAINING_ROWS, key, rows)
+    refresh_catalog(store)
+    return store.parquet_path(TRAINING_ROWS, key)
+
+
+def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
+    """Rows per role and the distinct candidates they use (what training_rows holds, in brief)."""
+    roles = dict(sorted(rows.group_by("role").len().iter_rows())) if rows.height else {}
+    return {"rows": rows.height, "by_role": roles,
+            "distinct_workflows": rows.select(["query_id", "sample_idx"]).unique().height,
+            "queries": rows["query_id"].n_unique()}
 
 
 def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
@@ -48,10 +77,15 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
 
     tcfg = cfg.train_config()
     if not examples:
-        context.log.warning("no training examples (no group survived screening): the parent policy is carried "
+        why = ("no group survived screening" if tcfg.objective not in ("score_dpo", "rwr") else
+               "no scored candidate pair with different scores" if tcfg.objective == "score_dpo" else
+               "no scored candidate")
+        context.log.warning(f"no training examples ({why}): the parent policy is carried "
                             "forward unchanged as this iteration's checkpoint")
+        reason = ("no training examples: every group was screened out" if tcfg.objective not in ("score_dpo", "rwr")
+                  else f"no training examples: {why}")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
-                             reason="no training examples: every group was screened out"), False
+                             reason=reason), False
     say(context, f"training {tcfg.objective} on {len(examples)} examples "
                  f"(previous adapter: {parent.partition if parent else 'none'})")
     res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,

@@ -1,0 +1,311 @@
+"""The baselines' data paths, as their papers feed them (issue 9): ScoreFlow's Score-DPO pairs over each query's
+full scored candidate set, W4S's every-candidate-once RWR, log-probs at T = 1 for both (the GRPO family keeps
+the sampling temperature), and the training_rows side table in the DuckDB catalog. Values by hand."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see spogw_dagster/models.py
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from spogw_dagster.core import curation as C
+from spogw_dagster.core.hyperparams import ObjectiveConfig
+from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
+from spogw_dagster.pipeline import tables
+
+# ----------------------------------------------------------------------------------------------------------------
+# a fixed candidate set: query "a" scores 1, 0.5, 0 (+ one executor error, which is no candidate), query "b" has
+# two equal scores (no pair) and a duplicate workflow text (near-duplicates stay: ScoreFlow pairs every workflow)
+
+ROWS = [  # query, sample_idx, score, status, workflow
+    ("a", 0, 1.0, "ok", "return await self.code_generate(instruction='x')"),
+    ("a", 1, 0.5, "ok", "s = await self.code_generate(instruction='y')\nreturn s"),
+    ("a", 2, 0.0, "runtime_error", "return foo()"),
+    ("a", 3, None, "executor_error", "return await self.code_generate(instruction='z')"),
+    ("b", 0, 0.3, "ok", "return await self.code_generate(instruction='x')"),
+    ("b", 1, 0.3, "ok", "return await self.code_generate(instruction='x')"),
+]
+# ScoreFlow weights (s_w − s_l)^3 of query a's pairs: (0,1) 0.5^3 = 0.125, (0,2) 1^3 = 1, (1,2) 0.5^3 = 0.125;
+# total 1.25, so probabilities 0.125/1.25 = 0.1, 1/1.25 = 0.8, 0.1. Query b: a tie, no pair.
+PAIR_P = {(0, 1): 0.1, (0, 2): 0.8, (1, 2): 0.1}
+PAIR_W = {(0, 1): 0.125, (0, 2): 1.0, (1, 2): 0.125}
+# W4S weights exp(r / 0.4) of the five usable rows (the executor error is out)
+RWR_W = {("a", 0): math.exp(2.5), ("a", 1): math.exp(1.25), ("a", 2): 1.0,
+         ("b", 0): math.exp(0.75), ("b", 1): math.exp(0.75)}  # 12.182494, 3.490343, 1, 2.117000, 2.117000
+
+
+def _samples() -> pl.DataFrame:
+    return pl.DataFrame({"iteration": [0] * len(ROWS), "query_id": [r[0] for r in ROWS],
+                         "sample_idx": [r[1] for r in ROWS], "workflow": [r[4] for r in ROWS],
+                         "score": [r[2] for r in ROWS], "status": [r[3] for r in ROWS]},
+                        schema_overrides={"score": pl.Float64()})
+
+
+def _pipeline_frames() -> tuple[pl.DataFrame, pl.DataFrame]:
+    """sampled_workflows and execution_scores rows of the same candidates (what lora_checkpoint reads)."""
+    sampled, scores = [], []
+    for q, i, s, st, wf in ROWS:
+        sampled.append({"iteration": 0, "query_id": q, "sample_idx": i, "prompt": f"prompt {q}",
+                        "completion": f"completion {q}{i}", "workflow": wf, "parse_status": "ok",
+                        "completion_token_ids": [100 + i, 200 + i], "logprobs": [-1.0, -2.0], "n_tokens": 2})
+        scores.append({"iteration": 0, "query_id": q, "sample_idx": i, "status": st,
+                       "score": 0.0 if s is None else s, "answer_score": 0.0 if s is None else s})
+    return tables._frame(sampled, tables.SAMPLED_SCHEMA), tables.execution_frame(scores)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ScoreFlow pairs
+
+
+def test_candidates_exclude_executor_errors_and_keep_near_duplicates():
+    usable, dropped = C.scored_candidates(_samples())
+    assert usable.select("query_id", "sample_idx").rows() == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
+    assert dropped.select("sample_idx", "reason").rows() == [(3, "executor_error")]
+
+
+def test_pair_probabilities_by_hand():
+    usable, _ = C.scored_candidates(_samples())
+    cand = C.preference_pair_candidates(usable, power=3.0)
+    got = {(r["chosen_idx"], r["rejected_idx"]): r for r in cand.iter_rows(named=True)}
+    assert set(got) == set(PAIR_P) and set(cand["query_id"]) == {"a"}  # b's tie makes no pair
+    for k in PAIR_P:
+        assert got[k]["weight"] == pytest.approx(PAIR_W[k], abs=1e-12)
+        assert got[k]["probability"] == pytest.approx(PAIR_P[k], abs=1e-12)
+        assert got[k]["chosen_score"] > got[k]["rejected_score"]
+    # power 1: weights 0.5, 1, 0.5 -> 0.25, 0.5, 0.25
+    lin = {(r["chosen_idx"], r["rejected_idx"]): r["probability"]
+           for r in C.preference_pair_candidates(usable, power=1.0).iter_rows(named=True)}
+    assert lin == pytest.approx({(0, 1): 0.25, (0, 2): 0.5, (1, 2): 0.25})
+    # pooled over queries: a second query with scores 0.75 / 0.25 adds weight 0.125; total 1.375
+    extra = pl.concat([_samples(), pl.DataFrame({"iteration": [0, 0], "query_id": ["c", "c"], "sample_idx": [0, 1],
+                                                 "workflow": ["p", "q"], "score": [0.75, 0.25],
+                                                 "status": ["ok", "ok"]})])
+    pooled = C.preference_pair_candidates(C.scored_candidates(extra)[0])
+    by = {(r["query_id"], r["chosen_idx"], r["rejected_idx"]): r["probability"] for r in pooled.iter_rows(named=True)}
+    assert by == pytest.approx({("a", 0, 1): 0.125 / 1.375, ("a", 0, 2): 1 / 1.375, ("a", 1, 2): 0.125 / 1.375,
+                                ("c", 0, 1): 0.125 / 1.375})
+
+
+def test_pair_budget_and_empirical_frequencies():
+    usable, _ = C.scored_candidates(_samples())
+    assert C.sample_preference_pairs(usable, None).height == 3  # None: one draw per candidate pair
+    assert C.sample_preference_pairs(usable, 7).height == 7  # a fixed budget, with replacement
+    n = 20000
+    draws = C.sample_preference_pairs(usable, n, power=3.0, seed=0)
+    assert draws["draw"].to_list() == list(range(n))
+    freq = {(a, b): k / n for a, b, k in draws.group_by("chosen_idx", "rejected_idx").len().rows()}
+    for k, p in PAIR_P.items():  # binomial sd <= sqrt(.8 * .2 / 20000) = 0.0028
+        assert freq[k] == pytest.approx(p, abs=0.012)
+    assert C.sample_preference_pairs(usable, 50, seed=1).equals(C.sample_preference_pairs(usable, 50, seed=1))
+
+
+def test_score_dpo_training_data_is_explicit_pairs_over_the_full_candidate_set():
+    sampled, scores = _pipeline_frames()
+    ocfg = ObjectiveConfig(objective="score_dpo", dpo_num_pairs=40)
+    examples, rows = tables.score_dpo_training_data(sampled, scores, ocfg, iteration=0)
+    assert len(examples) == rows.height == 80  # the budget: 40 draws, two rows each
+    assert rows["role"].to_list() == ["chosen", "rejected"] * 40
+    assert rows["draw"].to_list() == [d for d in range(40) for _ in (0, 1)]
+    assert rows["example_idx"].to_list() == list(range(80))
+    for k in range(40):
+        w, l = examples[2 * k], examples[2 * k + 1]
+        assert (w.role, l.role) == ("chosen", "rejected") and w.group_id == l.group_id == f"pair:{k}"
+        assert w.score > l.score and w.prompt == l.prompt == "prompt a"
+    assert 3 not in rows["sample_idx"].to_list() and set(rows["query_id"]) == {"a"}
+    for r in rows.iter_rows(named=True):
+        pair = (r["sample_idx"], rows["sample_idx"][r["example_idx"] + 1]) if r["role"] == "chosen" else None
+        if pair:
+            assert r["probability"] == pytest.approx(PAIR_P[pair]) and r["weight"] == pytest.approx(PAIR_W[pair])
+    # the same draw on a rerun, another one in the next iteration; None: as many draws as candidate pairs
+    assert tables.score_dpo_training_data(sampled, scores, ocfg, iteration=0)[1].equals(rows)
+    assert not tables.score_dpo_training_data(sampled, scores, ocfg, iteration=1)[1]["sample_idx"].equals(
+        rows["sample_idx"])
+    assert tables.score_dpo_training_data(sampled, scores, ObjectiveConfig(objective="score_dpo"), 0)[1].height == 6
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# W4S RWR
+
+
+def test_rwr_weights_by_hand():
+    usable, _ = C.scored_candidates(_samples())
+    w = C.rwr_candidates(usable, 0.4)
+    got = {(q, i): x for q, i, x in w.select("query_id", "sample_idx", "weight").rows()}
+    assert got == pytest.approx(RWR_W, abs=1e-9)
+    assert got[("a", 0)] == pytest.approx(12.182494, abs=1e-6) and got[("a", 1)] == pytest.approx(3.490343, abs=1e-6)
+
+
+def test_rwr_training_data_uses_every_candidate_once():
+    sampled, scores = _pipeline_frames()
+    examples, rows = tables.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
+    keys = rows.select("query_id", "sample_idx").rows()
+    assert keys == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]  # each usable candidate once, no groups
+    assert len(set(keys)) == len(keys) == len(examples) == 5
+    assert set(rows["role"]) == {"candidate"} and rows["group_id"].null_count() == 5
+    assert dict(zip(keys, rows["weight"].to_list())) == pytest.approx(RWR_W, abs=1e-9)
+    assert [e.score for e in examples] == [1.0, 0.5, 0.0, 0.3, 0.3]
+    assert [e.completion for e in examples] == ["completion a0", "completion a1", "completion a2",
+                                                "completion b0", "completion b1"]
+
+
+def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_path):
+    from spogw_dagster.pipeline.assets.lora_checkpoint import write_training_rows
+    from spogw_dagster.pipeline.catalog import query
+    from spogw_dagster.pipeline.storage import AssetStore
+
+    sampled, scores = _pipeline_frames()
+    sharpened = pl.DataFrame({"iteration": [0, 0], "query_id": ["a", "a"], "group_id": ["g0", "g0"],
+                              "sample_idx": [0, 2], "score": [1.0, 0.0], "role": ["top", "bottom"],
+                              "rank": [0, 1], "group_mean": [0.5, 0.5], "group_std": [0.5, 0.5],
+                              "advantage": [1.0, -1.0]})
+    ex, rows = tables.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
+    assert [e.canonical() for e in ex] == [e.canonical() for e in tables.training_examples(sharpened, sampled)]
+    assert all(e.role is None for e in ex) and rows["advantage"].to_list() == [1.0, -1.0]
+    store = AssetStore(tmp_path)
+    write_training_rows(store, "0000", rows)
+    write_training_rows(store, "0001", tables.rwr_training_data(sampled, scores, ObjectiveConfig(), 1)[1])
+    write_training_rows(store, "0002", tables.score_dpo_training_data(
+        sampled, scores, ObjectiveConfig(dpo_num_pairs=4), 2)[1])
+    assert query(store, "select objective, count(*) from training_rows group by 1 order by 1") == [
+        ("rwr", 5), ("score_dpo", 8), ("spogw", 2)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# log-probs at T = 1 for score_dpo and rwr, at the sampling temperature for spogw / grpo (tiny random model)
+
+PROMPT_IDS = [11, 12, 13, 14, 15]
+COMPLETIONS = [[21, 22, 23], [31, 32, 33, 34], [41, 42], [51, 52, 53, 54, 55]]
+SCORES = [1.0, 0.75, 0.25, 0.0]
+ADV = [1.5, 0.5, -0.25, -1.0]
+T_SAMPLE = 0.25
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Llama with SmolLM2's tokenizer (as tests/test_trainer.py builds it); a larger init scale,
+    so that the temperature visibly changes the log-probs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spogw_dagster.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, initializer_range=0.2, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    """T -> per-row token log-probs log softmax(logits / T) from one plain, unpadded forward per row."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model)).eval()
+    out = {}
+    with torch.no_grad():
+        for T in (1.0, T_SAMPLE):
+            rows = []
+            for comp in COMPLETIONS:
+                seq = torch.tensor([PROMPT_IDS + comp])
+                lp = torch.log_softmax(model(seq).logits[0, :-1].double() / T, -1)
+                pos = torch.arange(len(PROMPT_IDS) - 1, seq.shape[1] - 1)
+                rows.append(lp[pos, seq[0, pos + 1]].tolist())
+            out[T] = rows
+    return out
+
+
+def _examples() -> list[TrainExample]:
+    return [TrainExample(f"p{i}", f"c{i}", advantage=ADV[i], score=SCORES[i], group_id="g",
+                         prompt_token_ids=list(PROMPT_IDS), completion_token_ids=list(COMPLETIONS[i]))
+            for i in range(4)]
+
+
+def _cfg(objective: str, **kw) -> TrainConfig:
+    base = dict(objective=objective, temperature=T_SAMPLE, beta=0.1, epochs=1, batch_size=4, learning_rate=1e-3,
+                eval_after=True, seed=0)
+    return TrainConfig(**{**base, **kw})
+
+
+def _means(rows) -> list[float]:
+    return [sum(r) / len(r) for r in rows]
+
+
+def test_logprob_temperature_property():
+    for name in ("score_dpo", "rwr"):
+        assert ObjectiveConfig(objective=name).logprob_temperature(0.5) == 1.0
+        assert TrainConfig(objective=name, temperature=0.5).logprob_T == 1.0
+    for name in ("spogw", "grpo", "grpo_nokl"):
+        assert ObjectiveConfig(objective=name).logprob_temperature(0.5) == 0.5
+        assert TrainConfig(objective=name, temperature=0.5).logprob_T == 0.5
+
+
+def test_the_temperature_matters_on_this_model(plain):
+    """Otherwise the tests below could not tell T = 1 from T = 0.25."""
+    gap = max(abs(a - b) for a, b in zip(_means(plain[1.0]), _means(plain[T_SAMPLE])))
+    assert gap > 0.05
+
+
+def test_rwr_first_step_uses_t1_logprobs(tiny_model, tmp_path, plain):
+    """Step 0 (π_θ = base): loss = mean_i exp(s_i/0.4) · (−mean_t log π(o_{i,t})) with T = 1 log-probs, although
+    the data were sampled at T = 0.25."""
+    def want(T):
+        return sum(math.exp(s / 0.4) * -m for s, m in zip(SCORES, _means(plain[T]))) / 4
+
+    res = train_lora(_examples(), _cfg("rwr"), tmp_path / "rwr", base_model=tiny_model)
+    s0 = res.stats["steps"][0]
+    assert res.stats["summary"]["logprob_temperature"] == 1.0
+    assert s0["loss"] == pytest.approx(want(1.0), rel=1e-5)
+    assert abs(want(T_SAMPLE) - want(1.0)) > 1e-3 * abs(want(1.0))  # what the old code computed differs
+
+
+def test_score_dpo_reference_logprobs_at_t1(tiny_model, tmp_path, plain):
+    """score_dpo: π_ref (recorded as each example's log-prob before training) at T = 1; explicit pairs."""
+    ex = _examples()
+    pairs = [replace(ex[i], group_id=f"pair:{k}", role=r)
+             for k, (w, l) in enumerate([(0, 2), (1, 3)]) for i, r in ((w, "chosen"), (l, "rejected"))]
+    res = train_lora(pairs, _cfg("score_dpo"), tmp_path / "dpo", base_model=tiny_model)
+    assert res.stats["summary"]["logprob_temperature"] == 1.0
+    before = [e["mean_logp_before"] for e in res.stats["examples"]]
+    order = [0, 2, 1, 3]
+    assert before == pytest.approx([_means(plain[1.0])[i] for i in order], abs=1e-5)
+    assert res.stats["steps"][0]["n_pairs"] == 2 and res.stats["steps"][0]["loss"] == pytest.approx(math.log(2))
+
+
+@pytest.mark.parametrize("objective", ["spogw", "grpo"])
+def test_grpo_family_keeps_the_sampling_temperature(tiny_model, tmp_path, plain, objective):
+    """spogw / grpo: π_old (each example's log-prob before training) at the sampling temperature."""
+    res = train_lora(_examples(), _cfg(objective), tmp_path / objective, base_model=tiny_model)
+    assert res.stats["summary"]["logprob_temperature"] == T_SAMPLE
+    before = [e["mean_logp_before"] for e in res.stats["examples"]]
+    assert before == pytest.approx(_means(plain[T_SAMPLE]), abs=1e-5)
+    assert before != pytest.approx(_means(plain[1.0]), abs=1e-3)
+
+
+def test_score_dpo_needs_explicit_pairs_and_keeps_each_pair_in_one_micro_batch(tiny_model, tmp_path):
+    ex = _examples()
+    with pytest.raises(ValueError, match="explicit"):  # the old in-group draw is no training path any more
+        train_lora(ex, _cfg("score_dpo"), tmp_path / "x", base_model=tiny_model)
+    pairs = [replace(ex[i], group_id=f"pair:{k}", role=r)
+             for k, (w, l) in enumerate([(0, 2), (1, 3), (0, 3)]) for i, r in ((w, "chosen"), (l, "rejected"))]
+    res = train_lora(pairs, _cfg("score_dpo", batch_size=3, eval_after=False), tmp_path / "b3",
+                     base_model=tiny_model)
+    # batch_size 3 fits one pair (two rows) per micro-batch: three steps of one pair each
+    assert [s["rows"] for s in res.stats["steps"]] == [2, 2, 2]
+    assert [s["n_pairs"] for s in res.stats["steps"]] == [1, 1, 1]
+    with pytest.raises(ValueError, match="must exceed"):
+        bad = [replace(p, role="rejected" if p.role == "chosen" else "chosen") for p in pairs[:2]]
+        train_lora(bad, _cfg("score_dpo"), tmp_path / "bad", base_model=tiny_model)
