@@ -319,3 +319,39 @@ def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path
     assert "held-out scores per iteration" in text and "spogw@0001" in text and "baseline:io" in text
     assert "Δ vs previous" in text and "solve rate" in text
     assert (tmp_path / "home" / "dagster.yaml").is_file()
+
+
+def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeypatch, capsys):
+    """`spogw compare --iteration 1`: spogw (the loop's own checkpoint 1, reused), grpo and rwr trained from
+    checkpoint 0 on iteration 1's rows with one seed, scored on the report's queries and seeds."""
+    from spogw_dagster.cli import main
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    store: AssetStore = loop["store"]
+    assert main(["compare", "--iteration", "1", "--profile", "ci", "--objectives", "spogw,grpo,rwr",
+                 "--assets-dir", str(loop["assets"])]) == 0
+    out = capsys.readouterr().out
+    assert "paired difference to spogw" in out and "rwr" in out
+    t = store.read_parquet("objective_comparison", "0001")
+    methods = t.filter(pl.col("kind") != "baseline")
+    assert sorted(methods["method"].unique().to_list()) == ["grpo", "rwr", "spogw"]
+    # identical inputs: one candidate-rows hash, one seed, one parent adapter (checkpoint 0)
+    ckpt0 = store.read_parquet("lora_checkpoint", "0000").row(0, named=True)
+    assert methods["rows_sha256"].n_unique() == 1 and methods["seed"].unique().to_list() == [0]
+    assert methods["parent_adapter_sha256"].unique().to_list() == [ckpt0["adapter_sha256"]]
+    ex = {r["method"]: r for r in methods.filter(pl.col("metric") == "valid_rate").iter_rows(named=True)}
+    # spogw is the loop's own checkpoint 1 (same config and data); grpo trains on the same sharpened rows;
+    # rwr on every scored candidate once (d x m = 8)
+    assert ex["spogw"]["reused"] == "lora_checkpoint"
+    assert ex["grpo"]["n_examples"] == ex["spogw"]["n_examples"] == store.read_parquet("sharpened_groups", "0001").height
+    assert ex["rwr"]["n_examples"] == 8
+    # spogw's held-out rows are the report's rows of spogw@0001, sample for sample
+    side = store.read_parquet("comparison_heldout", "0001")
+    mine = side.filter(pl.col("system") == "spogw").sort(["mode", "query_id", "sample_idx"])
+    report = store.read_parquet("heldout_results", "0001").filter(pl.col("system") == "spogw@0001").sort(
+        ["mode", "query_id", "sample_idx"])
+    assert mine["reward"].to_list() == report["reward"].to_list() and mine.height == report.height
+    # every method is scored on the same samples: same queries, sample indices and seeds
+    keys = {m: side.filter(pl.col("system") == m).select("mode", "query_id", "sample_idx", "seed", "exec_seed")
+            .sort(["mode", "query_id", "sample_idx"]).to_dicts() for m in ("spogw", "grpo", "rwr")}
+    assert keys["spogw"] == keys["grpo"] == keys["rwr"]

@@ -58,13 +58,25 @@ def add_pipeline_commands(sub) -> None:
     ev.add_argument("--assets-dir", default=None, help="executor call cache and baseline cache live here")
     ev.add_argument("--out", default=None, help="write the per-sample rows (heldout_results columns) to this Parquet")
     ev.add_argument("--json", action="store_true", help="print the report rows as JSON")
-    cmp = sub.add_parser("compare", help="paired difference of two systems in heldout_results (no new generation)",
-                         description="Pair two systems' stored held-out samples on (mode, query, sample) — they "
-                                     "must share sampler and executor seeds, as every report's systems do — and "
-                                     "print each metric for both with the paired difference A - B and its 95% "
-                                     "paired bootstrap interval over queries. E.g. `spogw compare spogw@0002 base`.")
-    cmp.add_argument("a", help="system label as in heldout_results.system, e.g. spogw@0002")
-    cmp.add_argument("b", help="the system to compare against, e.g. base or spogw@0000")
+    cmp = sub.add_parser("compare", help="paired difference of two systems in heldout_results, or train and compare "
+                                         "methods side by side on one iteration (--iteration)",
+                         description="Two forms. `spogw compare A B`: pair two systems' stored held-out samples on "
+                                     "(mode, query, sample) — they must share sampler and executor seeds, as every "
+                                     "report's systems do — and print each metric for both with the paired "
+                                     "difference A - B and its 95% paired bootstrap interval over queries, e.g. "
+                                     "`spogw compare spogw@0002 base`. `spogw compare --iteration K --objectives "
+                                     "spogw,grpo,score_dpo,rwr`: materialize objective_comparison[K] (each method "
+                                     "trained from lora_checkpoint(K-1) on iteration K's data with the same seeds, "
+                                     "scored on the report's held-out queries) and print its table.")
+    cmp.add_argument("a", nargs="?", help="system label as in heldout_results.system, e.g. spogw@0002")
+    cmp.add_argument("b", nargs="?", help="the system to compare against, e.g. base or spogw@0000")
+    cmp.add_argument("--iteration", type=int, default=None, help="train and compare methods on this iteration")
+    cmp.add_argument("--objectives", default=None,
+                     help="comma-separated methods (default: comparison.objectives), e.g. spogw,grpo,score_dpo,rwr,"
+                          "spogw_beta0,spogw_ref_previous,spogw_no_screening,spogw_no_sharpening")
+    src = cmp.add_mutually_exclusive_group()
+    src.add_argument("--profile", default=None, help="with --iteration: tiny (default), ci or paper")
+    src.add_argument("--config", default=None, help="with --iteration: YAML config file")
     cmp.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
     cmp.add_argument("--split", default=None, help="only rows of this split (test or validation)")
     cmp.add_argument("--resamples", type=int, default=2000)
@@ -100,8 +112,16 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
 
 def compare_command(args: argparse.Namespace) -> int:
-    """`spogw compare A B`: paired differences between two systems' stored held-out rows."""
+    """`spogw compare A B`: paired differences between two systems' stored held-out rows; with --iteration,
+    the objective comparison of that iteration."""
     import json as _json
+
+    if args.iteration is not None:
+        return _objective_comparison(args)
+    if not (args.a and args.b):
+        from .settings import ConfigValidationError
+
+        raise ConfigValidationError("spogw compare needs two systems (A B) or --iteration K")
 
     import polars as pl
 
@@ -130,6 +150,31 @@ def compare_command(args: argparse.Namespace) -> int:
     for r in rows:
         ci = f"{r['diff']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
         print(f"  {r['mode']:<8}{r['metric']:<15}{r['a']:>14.3f}{r['b']:>14.3f}{ci:>30}{r['n_pairs']:>7}")
+    return 0
+
+
+def _objective_comparison(args: argparse.Namespace) -> int:
+    import json as _json
+
+    import polars as pl
+
+    from .loop import run_comparison
+
+    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()] if args.objectives else None
+    table = run_comparison(args.profile, args.config, args.iteration, objectives, args.assets_dir)
+    if args.json:
+        print(_json.dumps(table.to_dicts(), indent=1, default=str))
+        return 0
+    ref = table["reference"][0]
+    main = table.filter(pl.col("metric").is_in(["valid_rate", "executes_rate", "mean_reward", "answer_score"]))
+    print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds); Δ: paired "
+          f"difference to {ref}, 95% paired bootstrap over queries")
+    print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}")
+    for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
+        v = f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+        d = "" if r["diff_vs_reference"] is None else \
+            f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}")
     return 0
 
 

@@ -217,3 +217,40 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     return "\n".join([f"held-out scores per iteration ({split} split; 95% intervals: Wilson with the query design "
                       "effect for rates, query bootstrap for means; Δ: paired bootstrap over queries)", "",
                       curve_table_text(rep)])
+
+
+def run_comparison(profile: str | None, config_file: str | None, iteration: int, objectives: list[str] | None,
+                   assets_dir: str | os.PathLike[str] | None = None, out: TextIO = sys.stdout, instance=None):
+    """Materialize objective_comparison for one iteration (its report must exist) against the persistent
+    instance, as `spogw run` would; returns the comparison frame. `objectives` overrides comparison.objectives."""
+    import dagster as dg
+
+    from .partitions import iteration_key
+    from .settings import ConfigValidationError, load_config
+    from .wiring import COMPARISON_JOB, build_definitions
+
+    cfg = load_config(profile, config_file, {"comparison": {"objectives": objectives}} if objectives else None)
+    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    store = AssetStore(root)
+    key = iteration_key(iteration)
+    if not store.exists("benchmark_report", key):
+        raise ConfigValidationError(f"benchmark_report[{key}] does not exist under {root}: run the loop that far "
+                                    f"first (spogw run --iterations {iteration + 1}) or pass --assets-dir")
+    own = instance is None
+    if own:
+        ensure_dagster_home(root)
+        instance = dg.DagsterInstance.get()
+    try:
+        job = build_definitions(assets_dir=root, config=cfg).resolve_job_def(COMPARISON_JOB)
+        print(f"spogw compare: iteration {key}, methods {', '.join(cfg.comparison.objectives)}", file=out, flush=True)
+        t0 = time.monotonic()
+        with _progress_to(out):
+            result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False,
+                                            tags={"spogw/iteration": key, "spogw/launched_by": "spogw compare"})
+        if not result.success:
+            raise RuntimeError(f"objective_comparison[{key}] failed:\n  " + _failure_message(result))
+        print(f"done in {time.monotonic() - t0:.1f} s", file=out, flush=True)
+    finally:
+        if own:
+            instance.dispose()
+    return store.read_parquet("objective_comparison", key)

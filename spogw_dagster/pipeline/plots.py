@@ -102,3 +102,30 @@ def learning_curve_plot(curve, title: str = "held-out metrics per iteration (95%
         ax.set_xlabel("iteration (checkpoint)")
     fig.suptitle(title, fontsize=10)
     return _png_markdown(fig, title)
+
+
+def method_bars(table, reference: str, metrics: Sequence[str] = ("valid_rate", "mean_reward", "answer_score"),
+                title: str = "held-out metrics per method (95% CI)") -> str:
+    """One panel per metric: each method's value with its 95% interval, per mode (greedy, sampled); the
+    reference method's value as a dotted line. `table` is an objective_comparison frame."""
+    fig, _ = _figure(3.2 * len(metrics), 3.2)
+    fig.clf()
+    axes = fig.subplots(1, len(metrics), sharey=True)
+    methods = sorted(set(table["method"].to_list()), key=lambda m: (m != reference, m))
+    for ax, metric in zip(axes, metrics):
+        for i, mode in enumerate(sorted(set(table["mode"].to_list()))):
+            d = {r["method"]: r for r in table.iter_rows(named=True) if r["metric"] == metric and r["mode"] == mode}
+            xs = [j + 0.35 * i for j, m in enumerate(methods) if m in d]
+            v = [d[m]["value"] for m in methods if m in d]
+            err = [[max(0.0, d[m]["value"] - d[m]["ci_low"]) for m in methods if m in d],
+                   [max(0.0, d[m]["ci_high"] - d[m]["value"]) for m in methods if m in d]]
+            ax.bar(xs, v, width=0.35, yerr=err, capsize=3, label=mode, color=f"C{i}")
+            if reference in d:
+                ax.axhline(d[reference]["value"], ls=":", lw=1, color=f"C{i}")
+        ax.set_xticks([j + 0.175 for j in range(len(methods))])
+        ax.set_xticklabels(methods, rotation=35, ha="right", fontsize=7)
+        ax.set_title(metric, fontsize=9)
+        ax.set_ylim(0, 1.02)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _png_markdown(fig, title)

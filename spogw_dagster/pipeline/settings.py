@@ -34,6 +34,7 @@ from pydantic import (
     ValidationError,
     create_model,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -115,11 +116,15 @@ class GeneratorSection(_Section):
 
 
 class ExecutorSection(_Section):
-    """The LLM the workflows call: the embedded bundled model (url unset) or an OpenAI-compatible endpoint.
+    """The LLM the workflows call: the embedded bundled model (url and urls unset), an OpenAI-compatible
+    endpoint (`url`), or a fleet of endpoints serving the same model (`urls`: requests go to the healthy
+    endpoint with the fewest in flight; a dead one is skipped and re-probed, its calls retried on the others).
+    `url: X` is the same as `urls: [X]`. `max_concurrency` and `timeout_s` apply per endpoint.
 
     temperature/top_p/max_tokens are the operators' sampling parameters (each call is seeded, so cached)."""
 
     url: str | None = None
+    urls: tuple[str, ...] | None = None
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = Field(8, ge=1)
@@ -132,14 +137,48 @@ class ExecutorSection(_Section):
     max_operator_calls: int = Field(16, ge=1)  # per workflow run: a looping workflow cannot run up a bill
     max_llm_calls: int = Field(32, ge=1)
 
+    @field_validator("urls")
+    @classmethod
+    def _fleet(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("executor.urls is empty: list one or more endpoint URLs, or unset it")
+        bad = [u for u in v if not re.match(r"^https?://[^/\s]+", u.strip())]
+        if bad:
+            raise ValueError(f"executor.urls: not an http(s) URL: {', '.join(map(repr, bad))} "
+                             "(e.g. http://10.0.0.1:8000/v1)")
+        norm = [u.strip().rstrip("/") for u in v]
+        dupes = sorted({u for u in norm if norm.count(u) > 1})
+        if dupes:
+            raise ValueError(f"executor.urls lists an endpoint twice: {', '.join(dupes)}")
+        return tuple(norm)
+
     @model_validator(mode="after")
     def _url_and_model(self) -> "ExecutorSection":
+        if self.url and self.urls:
+            raise ValueError("executor.url and executor.urls are both set: give one (url: X is a fleet of one, "
+                             "the same as urls: [X]); for several endpoints use urls only")
+        if self.urls and not self.model:
+            raise ValueError("executor.urls needs executor.model (the one model name every endpoint serves)")
         if self.url and not self.model:
             raise ValueError("executor.url needs executor.model (the model name the endpoint serves)")
-        if self.model and not self.url:
-            raise ValueError("executor.model without executor.url: give the endpoint URL too, or unset both "
-                             "for the embedded model")
+        if self.model and not (self.url or self.urls):
+            raise ValueError("executor.model without executor.url: give the endpoint URL (or executor.urls for a "
+                             "fleet) too, or unset both for the embedded model")
         return self
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        # `urls` unset is left out, so configs written before fleets existed keep their hashes (and assets)
+        d = handler(self)
+        if isinstance(d, dict) and d.get("urls") is None:
+            d.pop("urls", None)
+        return d
+
+    def endpoints(self) -> list[str]:
+        """The endpoint URLs (empty: the embedded model)."""
+        return list(self.urls) if self.urls else ([self.url] if self.url else [])
 
 
 class ExecutionSection(_Section):
@@ -239,6 +278,35 @@ class ReportSection(_Section):
         return self
 
 
+class ComparisonSection(_Section):
+    """`objective_comparison` (materialized on demand, not by the loop): the methods trained side by side from
+    the same parent adapter on the same iteration's data and seeds, each scored on the report's held-out
+    queries (`core.methods` lists them; `spogw` is the reference of the paired differences)."""
+
+    objectives: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
+
+    @field_validator("objectives")
+    @classmethod
+    def _known_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from spogw_dagster.core.methods import METHODS
+
+        unknown = [m for m in v if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+        if not v:
+            raise ValueError("comparison.objectives is empty: name at least one method")
+        return tuple(dict.fromkeys(v))  # a method twice would be trained twice on the same data
+
+
+class LoopSection(_Section):
+    """How the loop runs under `dagster dev` / `dg dev` (no asset reads it, so it is outside the config hash).
+
+    sensor: `next_iteration_sensor` starts in the RUNNING state (it launches iteration k+1 when
+    benchmark_report(k) lands); false leaves it STOPPED until someone starts it in the UI."""
+
+    sensor: bool = True
+
+
 class SpogwConfig(BaseModel):
     """The whole pipeline configuration. Build with `load_config` (profiles, files, overrides)."""
 
@@ -254,6 +322,8 @@ class SpogwConfig(BaseModel):
     curation: CurationSection = CurationSection()
     training: TrainingSection = TrainingSection()
     report: ReportSection = ReportSection()
+    loop: LoopSection = LoopSection()
+    comparison: ComparisonSection = ComparisonSection()
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
@@ -304,6 +374,8 @@ ASSET_SECTIONS: dict[str, tuple[str, ...]] = {
     "sharpened_groups": ("curation",),
     "lora_checkpoint": ("generator", "training"),
     "benchmark_report": ("benchmark", "generator", "executor", "execution", "reward", "report"),
+    "objective_comparison": ("benchmark", "generator", "executor", "execution", "reward", "curation", "training",
+                             "report", "comparison"),
 }
 
 
@@ -316,6 +388,8 @@ def config_hash(cfg: SpogwConfig) -> str:
     # Neither changes what any asset computes: the profile is a name, `iterations` only how far the loop goes.
     d.pop("profile", None)
     d.pop("iterations", None)
+    d.pop("loop", None)  # whether the sensor starts running changes no asset's output
+    d.pop("comparison", None)  # only objective_comparison reads it (its code version covers it)
     return hashlib.sha256(_canon_json(d).encode()).hexdigest()
 
 

@@ -32,8 +32,10 @@ ASSET_NAMES = (
     "lora_checkpoint",
     "benchmark_report",
 )
-SIDE_TABLES = ("heldout_results",)
-TABLES = ASSET_NAMES + SIDE_TABLES
+# Materialized on demand, not by the loop's job.
+ON_DEMAND_ASSETS = ("objective_comparison",)
+SIDE_TABLES = ("heldout_results", "comparison_heldout")
+TABLES = ASSET_NAMES + ON_DEMAND_ASSETS + SIDE_TABLES
 CATALOG_FILE = "spogw.duckdb"
 
 

@@ -23,6 +23,9 @@ from .sensors import JOB_NAME, build_sensor
 from .storage import ASSET_NAMES, default_assets_dir
 
 
+COMPARISON_JOB = "objective_comparison_job"
+
+
 def build_definitions(
     profile: str | None = None,
     config_file: str | os.PathLike[str] | None = None,
@@ -41,12 +44,16 @@ def build_definitions(
         description="One SPOGW iteration: sample, execute, screen, sharpen, train, report (with checks).",
         tags={"spogw/loop": "iteration", "spogw/profile": cfg.profile, "spogw/config_hash": cfg.hash[:16]},
     )
+    comparison = dg.define_asset_job(
+        COMPARISON_JOB, selection=dg.AssetSelection.assets("objective_comparison"),
+        description="The methods of comparison.objectives side by side on one iteration's data (needs the "
+                    "iteration's report).", tags={"spogw/profile": cfg.profile})
     pipeline = PipelineResource.from_config(cfg, root)
     return dg.Definitions(
         assets=assets,
         asset_checks=ALL_CHECKS,
-        jobs=[job],
-        sensors=[build_sensor(job, cfg.iterations, cfg.hash)],
+        jobs=[job, comparison],
+        sensors=[build_sensor(job, cfg.iterations, cfg.hash, running=cfg.loop.sensor)],
         resources={"pipeline": pipeline, "io_manager": ParquetIOManager(assets_dir=str(root))},
         executor=dg.in_process_executor,
     )

@@ -1,7 +1,9 @@
 """The six software-defined assets, all partitioned by iteration, one module each. Each module holds the
 asset's name, UI group, description and a top-level `compute` function that reads its inputs, calls the core
-and returns a Polars frame (stored by the Parquet IO manager) with its metadata; `build_assets` only applies
-Dagster's decorator. The groups show the stages in the UI:
+and returns a Polars frame (stored by the Parquet IO manager) with its metadata; `build_assets` applies
+Dagster's decorator, and wraps each `compute` so that its frame goes out as `dg.Output` with a data version
+of the frame's content (`common.frame_data_version`): Dagster then marks downstream partitions stale after a
+rerun that changed data, and nothing after one that reproduced it. The groups show the stages in the UI:
 
     sampling     sampled_workflows(k)   m workflows per training query from π_{k-1}, with token log-probs
     execution    execution_scores(k)    every workflow run in the sandbox against the executor, scored
@@ -10,33 +12,55 @@ Dagster's decorator. The groups show the stages in the UI:
     training     lora_checkpoint(k)     the LoRA adapter trained with the configured objective
     evaluation   benchmark_report(k)    held-out metrics of checkpoint k beside π_{k-1} and static baselines
                                         (its per-sample side table: heldout_results)
+                 objective_comparison(k) on demand: the methods of comparison.objectives trained side by side
+                                        from lora_checkpoint(k-1) on iteration k's data, scored like the report
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any, Callable
+
 import dagster as dg
+import polars as pl
 
 from ..settings import SpogwConfig
 from ..partitions import iterations
 from ..versions import code_version
+from .common import frame_data_version
 from . import (
     benchmark_report,
     execution_scores,
     lora_checkpoint,
+    objective_comparison,
     sampled_workflows,
     screened_groups,
     sharpened_groups,
 )
 
-#: In dependency order.
+#: In dependency order; the loop's job runs the first six, objective_comparison is materialized on demand.
 ASSET_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint,
-                 benchmark_report)
+                 benchmark_report, objective_comparison)
+
+
+def versioned(compute: Callable[..., Any]) -> Callable[..., Any]:
+    """`compute` returning `dg.Output(frame, data_version=<hash of the frame>)`; its signature (parameter names,
+    the `context` annotation, the return type) stays what Dagster reads, through `functools.wraps`."""
+
+    @functools.wraps(compute)
+    def with_data_version(*args: Any, **kwargs: Any) -> Any:
+        out = compute(*args, **kwargs)
+        if isinstance(out, pl.DataFrame):
+            return dg.Output(out, data_version=frame_data_version(out))
+        return out
+
+    return with_data_version
 
 
 def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:
-    """The six assets; `cfg` sets their code versions (the resource supplies the same config at run time)."""
+    """The assets; `cfg` sets their code versions (the resource supplies the same config at run time)."""
     return [
         dg.asset(name=m.NAME, partitions_def=iterations, group_name=m.GROUP, code_version=code_version(m.NAME, cfg),
-                 description=m.DESCRIPTION, kinds=m.KINDS, io_manager_key="io_manager")(m.compute)
+                 description=m.DESCRIPTION, kinds=m.KINDS, io_manager_key="io_manager")(versioned(m.compute))
         for m in ASSET_MODULES
     ]

@@ -35,7 +35,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     key = context.partition_key
     k = key_to_int(key)
     store = pipeline.store()
-    problems, split_info = _problems(cfg)
+    problems, split_info = heldout_problems(cfg)
     this, prev, reused_prev = _policies(pipeline, key, lora_checkpoint.row(0, named=True), cfg,
                                         per_policy=len(problems) * sum(n for _, n, _ in ho.modes(cfg)))
     if reused_prev is not None:
@@ -60,7 +60,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     return report
 
 
-def _problems(cfg) -> tuple[list, dict[str, Any]]:
+def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
+    """The report's queries (test or validation split) and the record of the split."""
     from spogw_dagster.evaluation import split_problems
 
     rep, b = cfg.report, cfg.benchmark

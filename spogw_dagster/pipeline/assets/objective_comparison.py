@@ -1,0 +1,202 @@
+"""objective_comparison(k): the methods of `comparison.objectives` (`core.methods`: spogw, grpo, grpo_nokl,
+score_dpo, rwr and SPOGW's ablations) each trained from the same parent adapter, lora_checkpoint(k-1), on the
+same iteration's sampled and scored workflows with the same seeds, then scored on the report's held-out
+queries with the report's seeds, metrics and intervals. One row per method, mode and metric with the paired
+difference to the reference method (`spogw` when selected, else the first); per-sample rows go to the side
+table comparison_heldout. Not part of the loop's job: materialize it for an iteration whose report exists
+(`spogw compare --iteration K --objectives ...`, or the UI).
+
+What each method trained on is recorded beside it: the hash of the iteration's candidate rows (identical for
+every method: the same data), the seed, the parent adapter's hash, and the hash of its own examples (its data
+path: sharpened groups, ScoreFlow pairs or W4S candidates)."""
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from spogw_dagster.core import curation
+from spogw_dagster.core.methods import method_overrides
+
+from ...adapter_files import ADAPTER_WEIGHTS
+from .. import heldout as ho
+from .. import tables
+from ..lineage import adapter_sha256
+from ..partitions import key_to_int
+from ..resources import PipelineResource
+from ..settings import SpogwConfig, deep_merge, parse_config
+from ..storage import AssetStore
+from .benchmark_report import heldout_problems
+from .common import common_metadata, parent_or_fail, say
+
+NAME = "objective_comparison"
+GROUP = "evaluation"
+KINDS = {"pytorch", "parquet"}
+DESCRIPTION = ("SPOGW, GRPO, Score-DPO, RWR and SPOGW's ablations (comparison.objectives) trained from the same "
+               "parent adapter on iteration k's data with the same seeds, scored on the report's held-out queries: "
+               "metrics with 95% intervals and the paired difference to spogw. On demand, not in the loop's job.")
+SIDE_TABLE = "comparison_heldout"
+
+
+@dataclass
+class MethodRun:
+    method: str
+    objective: str
+    adapter: Path
+    adapter_sha256: str
+    n_examples: int
+    examples_sha256: str
+    seed: int
+    train_seconds: float | None
+    reused: str  # "" | "lora_checkpoint" (the loop's own checkpoint k: same config and data)
+
+
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
+            execution_scores: pl.DataFrame, sharpened_groups: pl.DataFrame, lora_checkpoint: pl.DataFrame,
+            benchmark_report: pl.DataFrame) -> pl.DataFrame:
+    t0 = time.monotonic()
+    cfg = pipeline.config()
+    key = context.partition_key
+    k = key_to_int(key)
+    store = pipeline.store()
+    parent = parent_or_fail(store, key)
+    rows_sha = candidate_rows_sha256(sampled_workflows, execution_scores)
+    frames = (sampled_workflows, execution_scores, sharpened_groups)
+    runs = [_train(context, cfg, name, frames, store, key, parent, lora_checkpoint.row(0, named=True))
+            for name in cfg.comparison.objectives]
+    problems, split_info = heldout_problems(cfg)
+    heldout = _score(context, pipeline, cfg, runs, problems, store, key, benchmark_report)
+    store.write_parquet(SIDE_TABLE, key, heldout)
+    reference = "spogw" if "spogw" in cfg.comparison.objectives else cfg.comparison.objectives[0]
+    table = comparison_frame(heldout, runs, reference=reference, iteration=k, rows_sha256=rows_sha,
+                             parent_sha256=parent.sha256 if parent else None, config_hash=cfg.hash,
+                             split_ids_sha256=split_info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
+                             seed=cfg.report.seed)
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(table, reference)})
+    say(context, f"{len(runs)} methods compared on {len(problems)} held-out queries, {time.monotonic() - t0:.1f} s")
+    return table
+
+
+def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
+    """The loop's config with method `name`'s curation/training overrides applied (validated as any config)."""
+    return parse_config(deep_merge(cfg.canonical(), method_overrides(name, cfg.curation.n)))
+
+
+def candidate_rows_sha256(sampled: pl.DataFrame, scores: pl.DataFrame) -> str:
+    """One hash of the iteration's data every method starts from: each workflow's tokens and its score."""
+    cols = ["iteration", "query_id", "sample_idx"]
+    j = sampled.select(cols + ["completion_token_ids"]).join(scores.select(cols + ["status", "score"]), on=cols,
+                                                             how="left").sort(cols)
+    return hashlib.sha256(json.dumps(j.to_dicts(), sort_keys=True, default=str).encode()).hexdigest()
+
+
+def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, scores: pl.DataFrame,
+                    sharpened: pl.DataFrame, iteration: int) -> tuple[list, pl.DataFrame]:
+    """A method's training examples and the rows they used: the loop's sharpened groups when the method keeps
+    the loop's curation, else curated again from the same scored rows with the method's curation."""
+    if mcfg.curation != cfg.curation:
+        cc = mcfg.curation_config()
+        sharpened = curation.sharpen(curation.screen(tables.curation_input(sampled, scores), cc).groups, cc).members
+    tcfg = mcfg.train_config()
+    return tables.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
+
+
+def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
+           checkpoint: dict[str, Any]) -> MethodRun:
+    from spogw_dagster.core.trainer import data_hash, train_lora
+
+    from ..adapters import carry_forward
+
+    mcfg = method_config(cfg, name)
+    tcfg = mcfg.train_config()
+    examples, _ = method_examples(mcfg, cfg, *frames, key_to_int(key))
+    common = dict(method=name, objective=tcfg.objective, n_examples=len(examples),
+                  examples_sha256=data_hash(examples), seed=tcfg.seed)
+    if mcfg.curation == cfg.curation and mcfg.training == cfg.training and checkpoint["trained"]:
+        # the loop trained exactly this at k: same config, data, seed and parent
+        path = Path(checkpoint["adapter_path"])
+        say(context, f"{name}: the loop's lora_checkpoint[{key}] (same config and data)")
+        return MethodRun(adapter=path, adapter_sha256=adapter_sha256(path), train_seconds=None,
+                         reused="lora_checkpoint", **common)
+    out = store.root / "comparison" / key / name
+    if examples:
+        say(context, f"{name}: training {tcfg.objective} on {len(examples)} examples")
+        res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
+                         previous_adapter=parent.path if parent else None)
+        secs = res.stats.get("summary", {}).get("train_seconds")
+    else:
+        context.log.warning(f"{name}: no training examples; the parent policy stands in for it")
+        carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
+                      reason=f"{name}: no training examples")
+        secs = None
+    if not (out / ADAPTER_WEIGHTS).is_file():  # pragma: no cover - train_lora and carry_forward both write it
+        raise dg.Failure(f"{name}: no adapter was written to {out}")
+    return MethodRun(adapter=out, adapter_sha256=adapter_sha256(out), train_seconds=secs, reused="", **common)
+
+
+def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[MethodRun], problems, store: AssetStore,
+           key: str, report: pl.DataFrame) -> pl.DataFrame:
+    """Held-out rows of every method (system = method name) beside the report's baselines; the loop's own
+    checkpoint's rows come from heldout_results(k) when the report scored the same adapter with this config."""
+    k = key_to_int(key)
+    per_policy = len(problems) * sum(n for _, n, _ in ho.modes(cfg))
+    reused, policies = [], []
+    for r in runs:
+        rows = None
+        if r.reused and store.exists("heldout_results", key):
+            rows = tables.reusable_previous(report, store.read_parquet("heldout_results", key), f"spogw@{key}",
+                                            r.adapter_sha256, cfg.hash, k, per_policy)
+        if rows is not None:
+            reused.append(rows.with_columns(pl.lit(r.method).alias("system"), pl.lit("method").alias("kind")))
+        else:
+            policies.append(ho.Policy(r.method, "method", r.adapter, k, r.adapter_sha256))
+    scored = ho.score(pipeline, policies, problems, cfg, iteration=k, split=cfg.report.split, reused=reused,
+                      say=lambda m: say(context, m))
+    return scored.heldout
+
+
+def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference: str, iteration: int,
+                     rows_sha256: str, parent_sha256: str | None, config_hash: str, split_ids_sha256: str,
+                     resamples: int, seed: int) -> pl.DataFrame:
+    """The report's long format over methods (the reference labelled as the report's "previous", so each other
+    system's diff is its paired difference to the reference), with what each method trained on."""
+    labelled = heldout.with_columns(
+        pl.when(pl.col("system") == reference).then(pl.lit("previous")).otherwise(pl.col("kind")).alias("kind"))
+    rep = tables.summarize_heldout(labelled, iteration=iteration, config_hash=config_hash,
+                                   split_ids_sha256=split_ids_sha256, resamples=resamples, seed=seed)
+    rep = rep.with_columns(
+        pl.when(pl.col("system") == reference).then(pl.lit("method")).otherwise(pl.col("kind")).alias("kind"),
+        pl.lit(reference).alias("reference"))
+    info = pl.DataFrame([{"system": r.method, "objective": r.objective, "n_examples": r.n_examples,
+                          "examples_sha256": r.examples_sha256, "seed": r.seed, "train_seconds": r.train_seconds,
+                          "reused": r.reused} for r in runs],
+                        schema={"system": pl.String(), "objective": pl.String(), "n_examples": pl.Int64(),
+                                "examples_sha256": pl.String(), "seed": pl.Int64(), "train_seconds": pl.Float64(),
+                                "reused": pl.String()})
+    return (rep.rename({"system": "method", "diff_vs_prev": "diff_vs_reference"})
+            .join(info.rename({"system": "method"}), on="method", how="left")
+            .with_columns(*[pl.when(pl.col("kind") == "baseline").then(None).otherwise(pl.lit(v)).alias(c)
+                            for c, v in (("rows_sha256", rows_sha256), ("parent_adapter_sha256", parent_sha256))]))
+
+
+def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
+    from ..plots import method_bars
+
+    main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
+    lines = ["| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] |", "|---|---|---|---|---|"]
+    for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
+        diff = "" if r["diff_vs_reference"] is None else \
+            f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+        lines.append(f"| {r['method']} | {r['mode']} | {r['metric']} | {r['value']:.3f} "
+                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {diff} |")
+    return {
+        "comparison": dg.MetadataValue.md("\n".join(lines)),
+        "plot": dg.MetadataValue.md(method_bars(table, reference)),
+        "methods": dg.MetadataValue.json(sorted(table["method"].unique().to_list())),
+        "rows_sha256": dg.MetadataValue.text(table.filter(pl.col("kind") != "baseline")["rows_sha256"][0]),
+    }

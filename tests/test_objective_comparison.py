@@ -1,0 +1,81 @@
+"""objective_comparison's pure parts: each method's config, its examples from the same data, and the table of
+values with paired differences to the reference method (expected values by hand)."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from spogw_dagster.core.methods import METHODS, method_overrides
+from spogw_dagster.pipeline import tables
+from spogw_dagster.pipeline.assets.objective_comparison import MethodRun, comparison_frame, method_config
+from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
+
+
+def test_each_method_changes_only_its_fields():
+    cfg = load_config("tiny")  # n = 5, t = 2, beta = 0.1, tau_std = 0.01, lr 5e-4
+    spogw = method_config(cfg, "spogw")
+    assert spogw == cfg
+    for name, field, want in [("grpo", "objective", "grpo"), ("rwr", "objective", "rwr"),
+                              ("spogw_beta0.05", "beta", 0.05), ("spogw_beta0", "beta", 0.0),
+                              ("spogw_ref_previous", "ref_mode", "previous")]:
+        m = method_config(cfg, name)
+        assert getattr(m.training, field) == want, name
+        # everything else as the loop: same seed, learning rate, epochs, curation
+        assert (m.training.seed, m.training.learning_rate, m.training.epochs) == (0, 5e-4, 2)
+        assert m.curation == cfg.curation and m.generator == cfg.generator
+    assert method_config(cfg, "spogw_no_screening").curation.tau_std == 0.0
+    # sharpening off: t = n // 2 = 2 for n = 5 (tiny already has t = 2; with n = 14 it is 7)
+    assert method_config(cfg, "spogw_no_sharpening").curation.t == 5 // 2
+    assert method_overrides("spogw_no_sharpening", 14)["curation"]["t"] == 7
+    assert METHODS["spogw_no_sharpening"]["curation"]["t"] is None  # the registry itself is not mutated
+
+
+def test_unknown_method_is_refused_with_the_choices():
+    with pytest.raises(ConfigValidationError, match=r"unknown method\(s\) \['ppo'\]; choose from spogw, grpo"):
+        load_config("ci", overrides={"comparison": {"objectives": ["spogw", "ppo"]}})
+    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+        method_overrides("ppo", 4)
+
+
+def test_comparison_settings_do_not_change_the_loops_config_hash():
+    a = load_config("ci")
+    b = load_config("ci", overrides={"comparison": {"objectives": ["spogw", "rwr"]}})
+    assert a.hash == b.hash  # `spogw run` must not rerun its iterations because the comparison changed
+
+
+def _rows(system: str, kind: str, valid: list[int], reward: list[float]) -> list[dict]:
+    return [{"iteration": 1, "split": "test", "system": system, "kind": kind, "mode": "greedy", "greedy": True,
+             "query_id": f"q{i}", "sample_idx": 0, "seed": 7, "exec_seed": 11, "status": "ok" if v else "invalid",
+             "valid": bool(v), "executes": bool(v), "trivial": False, "reward": r, "answer_score": 0.0,
+             "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 10, "completion_tokens": 5}
+            for i, (v, r) in enumerate(zip(valid, reward))]
+
+
+def _run(method: str, n: int) -> MethodRun:
+    return MethodRun(method=method, objective=method, adapter=None, adapter_sha256="x", n_examples=n,  # type: ignore[arg-type]
+                     examples_sha256=f"e-{method}", seed=0, train_seconds=1.0, reused="")
+
+
+def test_table_values_and_paired_differences_to_the_reference():
+    # spogw valid (1, 0, 0, 1) rewards (.5, .1, .1, .5); grpo valid (1, 1, 0, 1) rewards (.5, .5, .1, .5)
+    heldout = tables.heldout_frame(_rows("spogw", "method", [1, 0, 0, 1], [.5, .1, .1, .5])
+                                   + _rows("grpo", "method", [1, 1, 0, 1], [.5, .5, .1, .5]))
+    t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6)], reference="spogw", iteration=1,
+                         rows_sha256="R", parent_sha256="P", config_hash="C", split_ids_sha256="S",
+                         resamples=200, seed=0)
+
+    def row(method, metric):
+        return t.filter((pl.col("method") == method) & (pl.col("metric") == metric)).row(0, named=True)
+
+    assert row("spogw", "valid_rate")["value"] == pytest.approx(0.5)
+    assert row("grpo", "valid_rate")["value"] == pytest.approx(0.75)
+    # per-query differences (0, 1, 0, 0): mean 0.25; the reference has no difference to itself
+    assert row("grpo", "valid_rate")["diff_vs_reference"] == pytest.approx(0.25)
+    assert row("grpo", "mean_reward")["diff_vs_reference"] == pytest.approx(0.4 / 4)
+    assert row("spogw", "valid_rate")["diff_vs_reference"] is None
+    assert set(t["reference"].to_list()) == {"spogw"}
+    # what each trained on travels with it; the shared inputs are one value for every method
+    assert row("grpo", "valid_rate")["n_examples"] == 6 and row("spogw", "valid_rate")["n_examples"] == 4
+    assert set(t["rows_sha256"].to_list()) == {"R"} and set(t["parent_adapter_sha256"].to_list()) == {"P"}
+    assert set(t["kind"].to_list()) == {"method"}
