@@ -3,6 +3,7 @@
 - `Executor` (the protocol), `ExecutorError`, `PromptTooLongError` (the request does not fit the
   context window: the caller's fault), `MeteredExecutor` (per-run accounting): `base`
 - `OpenAICompatExecutor`: any OpenAI-compatible HTTP endpoint (vLLM, llama.cpp server, hosted APIs)
+- `FleetExecutor`: several such endpoints serving one model (balancing, health checks, failover): `fleet`
 - `CallCache`, `CachingExecutor`: the persistent call cache
 
 Typical composition (one shared executor per process, one meter per workflow run):
@@ -10,7 +11,7 @@ Typical composition (one shared executor per process, one meter per workflow run
     shared = CachingExecutor(OpenAICompatExecutor(url, model), CallCache("assets/call_cache.sqlite"))
     run_exec = MeteredExecutor(shared)
 
-`OpenAICompatExecutor` is imported lazily (it pulls httpx and tenacity).
+`OpenAICompatExecutor` and `FleetExecutor` are imported lazily (they pull httpx and tenacity).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from spogw_dagster.executors.cache import (
 )
 
 if TYPE_CHECKING:
+    from spogw_dagster.executors.fleet import FleetExecutor
     from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "MeteredExecutor",
     "PromptTooLongError",
     "OpenAICompatExecutor",
+    "FleetExecutor",
     "CallCache",
     "CachedCall",
     "CachingExecutor",
@@ -53,4 +56,8 @@ def __getattr__(name: str) -> Any:
         from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
 
         return OpenAICompatExecutor
+    if name == "FleetExecutor":
+        from spogw_dagster.executors.fleet import FleetExecutor
+
+        return FleetExecutor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -43,15 +43,20 @@ class ExecutorError(RuntimeError):
     """The executor failed for good: retries exhausted, or a non-retryable reply (most 4xx).
 
     `status_code` is the last HTTP status seen (None for connection errors, timeouts, garbled
-    replies or non-HTTP executors); `attempts` is how many requests were made. The message never
+    replies or non-HTTP executors); `attempts` is how many requests were made; `kind` names the last
+    retryable failure (see below). The message never
     contains an API key.
     """
 
     def __init__(self, message: str, *, status_code: int | None = None, attempts: int = 0,
-                 retryable: bool = False) -> None:
+                 retryable: bool = False, kind: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.attempts = attempts
+        # What the last retryable failure was, for health checks of a fleet (`fleet.py`): "unreachable"
+        # (connection refused), "connection" (dropped mid-request), "timeout", "http" (408/425/429/5xx,
+        # see status_code), "garbled" (a 2xx reply we cannot read); None when not known.
+        self.kind = kind
         # True when the last failure was of a retryable kind (the budget ran out), False for a
         # definitive rejection (e.g. HTTP 400). Useful to tell "endpoint flaky" from "request bad".
         self.retryable = retryable

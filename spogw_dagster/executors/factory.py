@@ -3,11 +3,13 @@ wrapped in the persistent call cache unless disabled.
 
 Cache keys of an endpoint include its base URL (the cache namespace): two servers serving different
 weights under the same model name must not share entries. The embedded model needs no namespace: its
-model id already names the GGUF file's content hash."""
+model id already names the GGUF file's content hash. A fleet (several URLs serving one model) uses its sorted
+URLs as the namespace: any member may answer any call, and a different set of servers is a different cache."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from ..paths import cache_dir
 
@@ -16,18 +18,28 @@ def default_cache_path() -> Path:
     return cache_dir() / "calls.sqlite"
 
 
-def make_executor(url: str | None = None, model: str | None = None, *, cache_path: str | Path | None = None,
-                  use_cache: bool = True, api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8,
-                  timeout_s: float = 120.0):
+def make_executor(url: str | Sequence[str] | None = None, model: str | None = None, *,
+                  cache_path: str | Path | None = None, use_cache: bool = True,
+                  api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8, timeout_s: float = 120.0):
+    """`url`: one endpoint URL, or several (a fleet serving one model: `fleet.FleetExecutor`); None for the
+    embedded model. A list of one is a single endpoint. `max_concurrency` and `timeout_s` are per endpoint."""
+    urls = [url] if isinstance(url, str) else [u for u in (url or []) if u]
     namespace = ""
-    if url:
+    if urls:
         if not model:
             raise ValueError("--executor-url needs --executor-model (the model name the endpoint serves)")
-        from .openai_compat import OpenAICompatExecutor
+        if len(urls) == 1:
+            from .openai_compat import OpenAICompatExecutor
 
-        inner = OpenAICompatExecutor(url, model, api_key_env=api_key_env, max_concurrency=max_concurrency,
-                                     timeout_s=timeout_s)
-        namespace = inner.base_url  # normalised (no trailing slash)
+            inner = OpenAICompatExecutor(urls[0], model, api_key_env=api_key_env, max_concurrency=max_concurrency,
+                                         timeout_s=timeout_s)
+            namespace = inner.base_url  # normalised (no trailing slash)
+        else:
+            from .fleet import FleetExecutor
+
+            inner = FleetExecutor(urls, model, api_key_env=api_key_env, max_concurrency=max_concurrency,
+                                  timeout_s=timeout_s)
+            namespace = inner.namespace  # the sorted URLs: any member may answer any call
     else:
         if model:
             raise ValueError("--executor-model without --executor-url: give the endpoint URL too")

@@ -50,11 +50,14 @@ class _Retryable(Exception):
     """One failed attempt that is worth retrying (internal; never escapes `chat`)."""
 
     def __init__(self, message: str, *, status_code: int | None = None,
-                 retry_after: float | None = None, unreachable: bool = False) -> None:
+                 retry_after: float | None = None, unreachable: bool = False, kind: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after
         self.unreachable = unreachable
+        # unreachable | connection | timeout | http | garbled (ExecutorError.kind)
+        self.kind = kind or ("unreachable" if unreachable else "http" if status_code and status_code >= 300
+                             else "garbled")
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -263,10 +266,11 @@ class OpenAICompatExecutor:
                 async with asyncio.timeout(self.timeout_s):
                     resp = await client.post(self._chat_url, json=body)
             except (TimeoutError, httpx.TimeoutException):
-                raise _Retryable(f"request timed out after {self.timeout_s:g}s") from None
+                raise _Retryable(f"request timed out after {self.timeout_s:g}s", kind="timeout") from None
             except httpx.TransportError as e:
+                refused = isinstance(e, httpx.ConnectError)
                 raise _Retryable(self._scrub(f"connection error: {type(e).__name__}: {e}"),
-                                 unreachable=isinstance(e, httpx.ConnectError)) from None
+                                 unreachable=refused, kind="unreachable" if refused else "connection") from None
             except httpx.HTTPError as e:  # e.g. an invalid URL: not worth retrying
                 raise ExecutorError(self._scrub(
                     f"executor request to {self._chat_url} failed: {type(e).__name__}: {e}")) from None
@@ -366,8 +370,10 @@ class OpenAICompatExecutor:
                    f"{attempts} attempt{'s' if attempts != 1 else ''}: {e}")
             if e.unreachable:
                 msg += f"; cannot reach executor endpoint at {self.base_url}: {UNREACHABLE_HINT}"
-            raise ExecutorError(self._scrub(msg), status_code=e.status_code, attempts=attempts,
-                                retryable=True) from None
+            err = ExecutorError(self._scrub(msg), status_code=e.status_code, attempts=attempts,
+                                retryable=True, kind=e.kind)
+            err.retry_after = e.retry_after  # type: ignore[attr-defined]  # a fleet's backoff honours it
+            raise err from None
         except ExecutorError as e:
             e.attempts = attempts
             raise
@@ -413,6 +419,21 @@ class OpenAICompatExecutor:
             raise ExecutorError(self._scrub(
                 f"executor endpoint at {self.base_url} is not OpenAI-compatible: GET /models gave "
                 f"{resp.text[:200]!r} (is base_url missing its /v1 suffix?)")) from None
+
+    async def probe(self, timeout_s: float = 5.0) -> str | None:
+        """A cheap health check (GET {base_url}/models): None when the server answers at all with a status
+        below 500 (a 404 or 401 still means a live server), else why not (refused, timed out, 5xx)."""
+        client, _ = self._state()
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await client.get(f"{self.base_url}/models")
+        except (TimeoutError, httpx.TimeoutException):
+            return f"probe timed out after {timeout_s:g}s"
+        except httpx.HTTPError as e:
+            return self._scrub(f"probe failed: {type(e).__name__}: {e}")
+        if resp.status_code >= 500:
+            return f"probe answered HTTP {resp.status_code}"
+        return None
 
     async def check(self, require_model: bool = False) -> list[str]:
         """Fail fast, with a clear message, if the endpoint is unreachable. Returns the served model ids.

@@ -99,7 +99,7 @@ class PipelineResource(dg.ConfigurableResource):
         from spogw_dagster.executors.factory import make_executor
 
         e = self.config().executor
-        ex = make_executor(e.url, e.model, cache_path=self.cache_path(), use_cache=e.cache,
+        ex = make_executor(e.endpoints(), e.model, cache_path=self.cache_path(), use_cache=e.cache,
                            api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s)
         session = ExecutorSession(ex)
         try:
