@@ -6,6 +6,7 @@
                                             score the base model or a LoRA adapter (greedy and K samples per
                                             query, 95% intervals, paired differences to --compare); choose
                                             settings on the validation split, never on test
+    spogw plan [--profile P | --config FILE] [--assets-dir DIR]   the work one iteration implies, before it runs
     spogw compare A B [--assets-dir DIR]    paired difference of two systems already in heldout_results (e.g.
                                             the last checkpoint against the base model), from the stored rows
 """
@@ -17,7 +18,7 @@ import sys
 
 from ..adapter_files import ADAPTER_WEIGHTS
 
-COMMANDS = ("run", "catalog", "evaluate", "compare")
+COMMANDS = ("run", "catalog", "evaluate", "compare", "plan")
 
 
 def add_pipeline_commands(sub) -> None:
@@ -81,6 +82,9 @@ def add_pipeline_commands(sub) -> None:
     cmp.add_argument("--split", default=None, help="only rows of this split (test or validation)")
     cmp.add_argument("--resamples", type=int, default=2000)
     cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    from .plan import add_plan_parser
+
+    add_plan_parser(sub)
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
@@ -97,6 +101,10 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             return 0
         if args.cmd == "evaluate":
             return evaluate_command(args)
+        if args.cmd == "plan":
+            from .plan import plan_command
+
+            return plan_command(args)
         if args.cmd == "compare":
             return compare_command(args)
         from .loop import run_loop

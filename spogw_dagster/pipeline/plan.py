@@ -1,0 +1,339 @@
+"""`spogw plan`: the work one iteration implies, computed from the config before anything runs.
+
+Pure arithmetic (`plan_iteration`, `format_plan`) over the config's sizes and limits, optionally with averages
+measured in an assets directory (`measure_assets`: executor calls per workflow and tokens per call from
+`execution_scores`, generated tokens per sample from `sampled_workflows`) and backend speeds (tokens/s; the
+defaults are DESIGN.md §3's, measured on this project's 2-core CPU machine with SmolLM2-135M).
+
+Counts per iteration k (d training queries, m samples each, groups of n, top/bottom t, at most g_max groups):
+
+- generator: d·m samples of at most `max_new_tokens` each;
+- executor: d·m workflows × R runs × calls per workflow (measured average, else the `max_llm_calls` cap: an
+  upper bound), each call at most `executor.max_tokens` completion tokens;
+- training rows (the paper's grouping): with m' ≤ m usable workflows of a query, min(C(m', n), g_max) groups,
+  each sharpened to 2t rows: groups × 2t rows per query before aggregation; after unique-workflow aggregation
+  (one row per distinct workflow, DESIGN.md §2) at most min(m', groups × 2t) per query. Screening can only
+  lower both (upper bounds at m' = m);
+- the report: h held-out queries × (greedy + k samples) workflows for π_k (and for the base model at k = 0).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["Speeds", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
+           "plan_from_config", "measure_assets", "format_plan", "load_config_for_plan"]
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Backend throughputs in tokens per second (generated tokens for sampling and the executor, trained
+    completion tokens for training)."""
+
+    generator_tps: float = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (DESIGN.md §3)
+    executor_tps: float = 77.0  # llama.cpp single stream on the bundled GGUF (DESIGN.md §3)
+    train_tps: float = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (DESIGN.md §3)
+    source: str = "DESIGN.md §3 (SmolLM2-135M, 2 CPU cores)"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Averages measured in stored assets (None: not available)."""
+
+    calls_per_workflow: float | None = None
+    prompt_tokens_per_call: float | None = None
+    completion_tokens_per_call: float | None = None
+    tokens_per_sample: float | None = None
+    workflows: int = 0
+    samples: int = 0
+    source: str = ""
+
+
+def groups_per_query(m_usable: int, n: int, g_max: int) -> int:
+    """All C(m', n) groups when that is at most g_max, else g_max (core/curation.py::form_groups); 0 when m' < n."""
+    if m_usable < n:
+        return 0
+    return min(math.comb(m_usable, n), g_max)
+
+
+def training_rows_per_query(m_usable: int, n: int, t: int, g_max: int) -> tuple[int, int, int]:
+    """(groups, rows before aggregation = groups × 2t, unique workflows after aggregation <= min(m', rows))."""
+    g = groups_per_query(m_usable, n, g_max)
+    rows = g * 2 * t
+    return g, rows, min(m_usable, rows)
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    d: int
+    m: int
+    n: int
+    t: int
+    g_max: int
+    runs: int
+    # generator
+    samples: int
+    tokens_per_sample: float
+    tokens_per_sample_is_measured: bool
+    generator_tokens: float
+    # executor
+    workflows: int
+    calls_per_workflow: float
+    calls_are_measured: bool
+    executor_calls: float
+    completion_tokens_per_call: float
+    completion_tokens_are_measured: bool
+    prompt_tokens_per_call: float | None
+    executor_completion_tokens: float
+    executor_prompt_tokens: float | None
+    # training
+    groups_per_query: int
+    rows_per_query: int
+    unique_per_query: int
+    training_rows: int
+    training_rows_unique: int
+    steps: int
+    steps_unique: int
+    epochs: int
+    # report (held-out)
+    report_workflows: int
+    report_executor_calls: float
+    # time
+    speeds: Speeds = field(default_factory=Speeds)
+    generator_s: float = 0.0
+    executor_s: float = 0.0
+    train_s: float = 0.0
+    train_unique_s: float = 0.0
+    report_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _steps(rows: int, batch_size: int, grad_accum: int, epochs: int) -> int:
+    return math.ceil(rows / (batch_size * grad_accum)) * epochs if rows else 0
+
+
+def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1, max_new_tokens: int,
+                   max_llm_calls: int, executor_max_tokens: int, batch_size: int, grad_accum: int = 1,
+                   epochs: int = 1, heldout: int = 0, report_greedy: bool = True, report_samples: int = 0,
+                   first_iteration: bool = False, measured: Measured | None = None,
+                   speeds: Speeds | None = None) -> IterationPlan:
+    """The work of one iteration (module docstring). Measured averages replace the caps where given."""
+    ms = measured or Measured()
+    sp = speeds or Speeds()
+    samples = d * m
+    tps_measured = ms.tokens_per_sample is not None
+    tok_sample = float(ms.tokens_per_sample) if tps_measured else float(max_new_tokens)
+    calls_measured = ms.calls_per_workflow is not None
+    cpw = float(ms.calls_per_workflow) if calls_measured else float(max_llm_calls)
+    ct_measured = ms.completion_tokens_per_call is not None
+    ct_call = float(ms.completion_tokens_per_call) if ct_measured else float(executor_max_tokens)
+    workflows = samples
+    calls = workflows * runs * cpw
+    g, rows_q, uniq_q = training_rows_per_query(m, n, t, g_max)
+    rows, uniq = d * rows_q, d * uniq_q
+    policies = 2 if first_iteration else 1  # the base model's report rows at k = 0
+    report_wf = heldout * (int(report_greedy) + report_samples) * policies
+    report_calls = report_wf * runs * cpw
+    gen_tokens = samples * tok_sample
+    exec_ct = calls * ct_call
+    pt = ms.prompt_tokens_per_call
+    return IterationPlan(
+        d=d, m=m, n=n, t=t, g_max=g_max, runs=runs,
+        samples=samples, tokens_per_sample=tok_sample, tokens_per_sample_is_measured=tps_measured,
+        generator_tokens=gen_tokens,
+        workflows=workflows, calls_per_workflow=cpw, calls_are_measured=calls_measured, executor_calls=calls,
+        completion_tokens_per_call=ct_call, completion_tokens_are_measured=ct_measured,
+        prompt_tokens_per_call=pt, executor_completion_tokens=exec_ct,
+        executor_prompt_tokens=None if pt is None else calls * pt,
+        groups_per_query=g, rows_per_query=rows_q, unique_per_query=uniq_q, training_rows=rows,
+        training_rows_unique=uniq, steps=_steps(rows, batch_size, grad_accum, epochs),
+        steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs,
+        report_workflows=report_wf, report_executor_calls=report_calls,
+        speeds=sp,
+        generator_s=gen_tokens / sp.generator_tps,
+        executor_s=exec_ct / sp.executor_tps,
+        train_s=rows * tok_sample * epochs / sp.train_tps,
+        train_unique_s=uniq * tok_sample * epochs / sp.train_tps,
+        report_s=report_wf * tok_sample / sp.generator_tps + report_calls * ct_call / sp.executor_tps,
+    )
+
+
+def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds | None = None,
+                     first_iteration: bool = False) -> IterationPlan:
+    """`plan_iteration` with a `SpogwConfig`'s sizes and limits."""
+    tr = cfg.training
+    return plan_iteration(
+        d=cfg.benchmark.train_queries, m=cfg.curation.m, n=cfg.curation.n, t=cfg.curation.t,
+        g_max=cfg.curation.g_max, runs=cfg.execution.runs, max_new_tokens=cfg.generator.max_new_tokens,
+        max_llm_calls=cfg.executor.max_llm_calls, executor_max_tokens=cfg.executor.max_tokens,
+        batch_size=tr.batch_size, grad_accum=getattr(tr, "grad_accum", 1), epochs=tr.epochs,
+        heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
+        first_iteration=first_iteration, measured=measured, speeds=speeds)
+
+
+def measure_assets(root: str | Path) -> Measured | None:
+    """Averages over every stored partition of `execution_scores` (executor calls per workflow, tokens per
+    call) and `sampled_workflows` (generated tokens per sample); None when neither exists."""
+    import polars as pl
+
+    root = Path(root)
+    ex_files = sorted((root / "execution_scores").glob("*.parquet"))
+    sw_files = sorted((root / "sampled_workflows").glob("*.parquet"))
+    if not ex_files and not sw_files:
+        return None
+    kw: dict[str, Any] = {}
+    parts = []
+    if ex_files:
+        ex = pl.concat([pl.read_parquet(f, columns=["llm_calls", "prompt_tokens", "completion_tokens"])
+                        for f in ex_files], how="vertical_relaxed")
+        calls = int(ex["llm_calls"].sum() or 0)
+        kw.update(workflows=ex.height, calls_per_workflow=calls / ex.height if ex.height else None)
+        if calls:
+            kw.update(prompt_tokens_per_call=float(ex["prompt_tokens"].sum()) / calls,
+                      completion_tokens_per_call=float(ex["completion_tokens"].sum()) / calls)
+        parts.append(f"execution_scores ({ex.height} workflows, {len(ex_files)} partitions)")
+    if sw_files:
+        sw = pl.concat([pl.read_parquet(f, columns=["n_tokens"]) for f in sw_files], how="vertical_relaxed")
+        if sw.height:
+            kw.update(samples=sw.height, tokens_per_sample=float(sw["n_tokens"].mean()))
+        parts.append(f"sampled_workflows ({sw.height} samples)")
+    return Measured(source=f"{root}: " + ", ".join(parts), **kw)
+
+
+def _hm(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+def _n(x: float) -> str:
+    return f"{x:,.0f}" if abs(x - round(x)) < 1e-9 or abs(x) >= 100 else f"{x:,.1f}"
+
+
+def format_plan(p: IterationPlan, title: str = "") -> str:
+    """The plan as text, one fact a line, each saying whether it is a measured average or an upper bound."""
+    def how(measured: bool, cap: str) -> str:
+        return "measured average" if measured else f"upper bound: {cap}"
+
+    lines = [f"plan of one iteration{(' — ' + title) if title else ''}"]
+    lines.append(f"  generator : {_n(p.samples)} samples (d = {p.d} queries x m = {p.m}), "
+                 f"{_n(p.generator_tokens)} generated tokens ({_n(p.tokens_per_sample)} per sample, "
+                 f"{how(p.tokens_per_sample_is_measured, 'generator.max_new_tokens')})")
+    pt = "" if p.executor_prompt_tokens is None else f" + {_n(p.executor_prompt_tokens)} prompt tokens"
+    lines.append(f"  executor  : {_n(p.workflows)} workflows x R = {p.runs} run(s) x {_n(p.calls_per_workflow)} "
+                 f"calls ({how(p.calls_are_measured, 'executor.max_llm_calls')}) = {_n(p.executor_calls)} calls; "
+                 f"{_n(p.executor_completion_tokens)} completion tokens ({_n(p.completion_tokens_per_call)} per call, "
+                 f"{how(p.completion_tokens_are_measured, 'executor.max_tokens')}){pt}")
+    lines.append(f"  groups    : min(C({p.m}, {p.n}) = {math.comb(p.m, p.n):,}, g_max = {p.g_max}) = "
+                 f"{p.groups_per_query} per query (at m' = m; near-duplicates lower m', screening drops groups)")
+    lines.append(f"  training  : {_n(p.rows_per_query)} rows per query ({p.groups_per_query} groups x 2t = {2 * p.t}),"
+                 f" {_n(p.training_rows)} rows, {_n(p.steps)} optimizer steps over {p.epochs} epoch(s); after "
+                 f"unique-workflow aggregation <= {p.unique_per_query} per query (<= m), {_n(p.training_rows_unique)} "
+                 f"rows, {_n(p.steps_unique)} steps")
+    lines.append(f"  report    : {_n(p.report_workflows)} held-out workflows, {_n(p.report_executor_calls)} executor "
+                 f"calls (same per-workflow calls)")
+    sp = p.speeds
+    total = p.generator_s + p.executor_s + p.train_s + p.report_s
+    total_u = p.generator_s + p.executor_s + p.train_unique_s + p.report_s
+    lines.append(f"  wall time : sampling {_hm(p.generator_s)} at {sp.generator_tps:g} tok/s, executor "
+                 f"{_hm(p.executor_s)} at {sp.executor_tps:g} tok/s (one stream), training {_hm(p.train_s)} "
+                 f"({_hm(p.train_unique_s)} aggregated) at {sp.train_tps:g} tok/s, report {_hm(p.report_s)}; "
+                 f"total ≈ {_hm(total)} ({_hm(total_u)} with aggregation); token throughput only (model loads, sandbox "
+                 f"starts and scoring not counted), speeds from {sp.source}")
+    return "\n".join(lines)
+
+
+_MISSING_ENV = re.compile(r"(?P<where>[\w.]+): environment variable (?P<name>\w+) is not set")
+
+
+def load_config_for_plan(profile: str | None, config_file: str | None,
+                         overrides: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+    """`load_config`, except that a field naming an unset environment variable (the `paper` profile's
+    ${SPOGW_GENERATOR_MODEL}, ${SPOGW_EXECUTOR_URL}, ...) gets a placeholder: none of them changes a count.
+    Returns (config, notes on the placeholders)."""
+    from .settings import ConfigValidationError, deep_merge, load_config
+
+    over: dict[str, Any] = dict(overrides or {})
+    notes: list[str] = []
+    for _ in range(16):
+        try:
+            return load_config(profile, config_file, over), notes
+        except ConfigValidationError as e:
+            m = _MISSING_ENV.search(str(e))
+            if not m or "[" in m.group("where"):
+                raise
+            where, name = m.group("where").split("."), m.group("name")
+            value: Any = ("smollm2" if where == ["generator", "model"]
+                          else f"http://{name.lower()}.unset/v1" if where[-1] == "url" else f"<{name} unset>")
+            patch: dict[str, Any] = {where[-1]: value}
+            for part in reversed(where[:-1]):
+                patch = {part: patch}
+            over = deep_merge(over, patch)
+            notes.append(f"${name} is not set: {'.'.join(where)} = {value!r} for this plan (no count depends on it)")
+    raise ConfigValidationError("too many unset environment variables in the config")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the `spogw plan` subcommand (wired in commands.py)
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="print the work one iteration implies (samples, executor calls, training rows, "
+                                    "time), before anything runs",
+                       description="From the config's sizes and limits (and averages measured in --assets-dir when "
+                                   "it holds execution_scores / sampled_workflows), print one iteration's generator "
+                                   "samples and tokens, executor calls and tokens, training rows before and after "
+                                   "unique-workflow aggregation, and a wall-time estimate on the measured backends.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--profile", default=None, help="tiny (default), ci or paper")
+    src.add_argument("--config", default=None, help="YAML config file")
+    p.add_argument("--assets-dir", default=None,
+                   help="measure calls per workflow and tokens from this assets directory's tables (default: "
+                        "$SPOGW_ASSETS_DIR or ./assets, when it holds any)")
+    p.add_argument("--first-iteration", action="store_true", help="count the base model's report rows too (k = 0)")
+    d = Speeds()
+    p.add_argument("--generator-tps", type=float, default=d.generator_tps, help="generator tokens/s")
+    p.add_argument("--executor-tps", type=float, default=d.executor_tps, help="executor tokens/s (one stream)")
+    p.add_argument("--train-tps", type=float, default=d.train_tps, help="trained tokens/s")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def plan_command(args: Any) -> int:
+    import json
+    import sys
+
+    from .settings import ConfigValidationError
+    from .storage import default_assets_dir
+
+    cfg, notes = load_config_for_plan(args.profile, args.config)
+    root = Path(args.assets_dir).expanduser() if args.assets_dir else default_assets_dir()
+    if args.assets_dir and not Path(root).is_dir():
+        raise ConfigValidationError(f"--assets-dir {root} does not exist")
+    measured = measure_assets(root) if Path(root).is_dir() else None
+    for name in ("generator_tps", "executor_tps", "train_tps"):
+        if getattr(args, name) <= 0:
+            raise ConfigValidationError(f"--{name.replace('_', '-')} must be > 0")
+    d = Speeds()
+    custom = (args.generator_tps, args.executor_tps, args.train_tps) != (d.generator_tps, d.executor_tps, d.train_tps)
+    speeds = Speeds(args.generator_tps, args.executor_tps, args.train_tps,
+                    "--generator-tps/--executor-tps/--train-tps" if custom else d.source)
+    p = plan_from_config(cfg, measured, speeds, first_iteration=args.first_iteration)
+    if args.json:
+        print(json.dumps({"profile": cfg.profile, "plan": p.as_dict(), "notes": notes,
+                          "measured_from": measured.source if measured else None}, default=str))
+        return 0
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(format_plan(p, f"profile {cfg.profile}, {cfg.benchmark.name}"))
+    print(f"  measured  : {measured.source}" if measured else
+          f"  measured  : nothing (no execution_scores/sampled_workflows under {root}): caps are upper bounds")
+    return 0

@@ -1,0 +1,94 @@
+"""spogw plan (spogw_dagster/pipeline/plan.py): counts computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from spogw_dagster.pipeline.plan import (Measured, Speeds, format_plan, groups_per_query, load_config_for_plan,
+                                         measure_assets, plan_from_config, plan_iteration, training_rows_per_query)
+
+
+def test_groups_and_rows_per_query_by_hand():
+    # the paper: m = 16, n = 14 -> C(16, 14) = 16*15/2 = 120 groups <= g_max = 120; rows = 120 x 2t(=8) = 960
+    assert math.comb(16, 14) == 120
+    assert training_rows_per_query(16, 14, 4, 120) == (120, 960, 16)
+    assert groups_per_query(16, 14, 50) == 50  # more subsets than g_max: g_max of them
+    assert groups_per_query(15, 14, 120) == 15  # one near-duplicate fewer: C(15, 14) = 15
+    assert training_rows_per_query(15, 14, 4, 120) == (15, 120, 15)
+    assert groups_per_query(13, 14, 120) == 0  # m' < n: no group
+    # tiny: m = 8, n = 5 -> C(8, 5) = 56 > g_max = 2 -> 2 groups x 2t(=4) = 8 rows, at most 8 distinct workflows
+    assert training_rows_per_query(8, 5, 2, 2) == (2, 8, 8)
+    # one group of 4 sharpened to 2 rows: only 2 distinct workflows, fewer than m
+    assert training_rows_per_query(4, 4, 1, 1) == (1, 2, 2)
+
+
+def test_paper_iteration_upper_bounds_by_hand():
+    p = plan_iteration(d=100, m=16, n=14, t=4, g_max=120, runs=1, max_new_tokens=512, max_llm_calls=32,
+                       executor_max_tokens=1024, batch_size=8, epochs=1, heldout=80, report_greedy=True,
+                       report_samples=8, speeds=Speeds(100.0, 1000.0, 50.0))
+    assert p.samples == 1600 and p.generator_tokens == 1600 * 512 and not p.tokens_per_sample_is_measured
+    assert p.executor_calls == 1600 * 32 and not p.calls_are_measured  # the cap: an upper bound
+    assert p.executor_completion_tokens == 1600 * 32 * 1024 and p.executor_prompt_tokens is None
+    assert (p.rows_per_query, p.training_rows, p.training_rows_unique) == (960, 96_000, 1_600)
+    assert (p.steps, p.steps_unique) == (12_000, 200)  # ceil(96000 / 8), ceil(1600 / 8)
+    assert p.report_workflows == 80 * 9 and p.report_executor_calls == 720 * 32
+    assert p.generator_s == pytest.approx(1600 * 512 / 100)
+    assert p.executor_s == pytest.approx(1600 * 32 * 1024 / 1000)
+    assert p.train_s == pytest.approx(96_000 * 512 / 50) and p.train_unique_s == pytest.approx(1600 * 512 / 50)
+    text = format_plan(p)
+    assert "upper bound: executor.max_llm_calls" in text and "960 rows per query" in text
+    assert "min(C(16, 14) = 120, g_max = 120) = 120" in text
+
+
+def test_measured_averages_replace_the_caps():
+    m = Measured(calls_per_workflow=2.5, prompt_tokens_per_call=100.0, completion_tokens_per_call=40.0,
+                 tokens_per_sample=60.0, workflows=10, samples=10, source="x")
+    p = plan_iteration(d=2, m=4, n=4, t=1, g_max=1, runs=3, max_new_tokens=32, max_llm_calls=6,
+                       executor_max_tokens=48, batch_size=4, grad_accum=2, epochs=2, heldout=2, report_greedy=True,
+                       report_samples=2, first_iteration=True, measured=m)
+    assert p.calls_are_measured and p.executor_calls == 8 * 3 * 2.5  # 8 workflows x R = 3 x 2.5
+    assert p.executor_completion_tokens == 60 * 40 and p.executor_prompt_tokens == 60 * 100
+    assert p.generator_tokens == 8 * 60
+    assert (p.training_rows, p.training_rows_unique, p.steps) == (4, 4, 2)  # ceil(4 / (4 x 2)) x 2 epochs
+    assert p.report_workflows == 2 * 3 * 2  # (greedy + 2 samples) x 2 queries x (pi_0 and base at k = 0)
+    assert "measured average" in format_plan(p)
+
+
+def test_plan_from_config_and_placeholders_for_unset_env(monkeypatch):
+    for name in ("SPOGW_GENERATOR_MODEL", "SPOGW_EXECUTOR_URL", "SPOGW_EXECUTOR_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    cfg, notes = load_config_for_plan("paper", None)
+    assert len(notes) == 3 and cfg.curation.m == 16
+    p = plan_from_config(cfg)
+    assert (p.d, p.groups_per_query, p.rows_per_query, p.training_rows) == (100, 120, 960, 96_000)
+    ci, notes = load_config_for_plan("ci", None)
+    assert notes == [] and plan_from_config(ci).training_rows == 2 * 1 * 2  # d = 2, one group of 2t = 2 rows
+
+
+def test_measure_assets_averages_stored_tables(tmp_path):
+    assert measure_assets(tmp_path) is None
+    (tmp_path / "execution_scores").mkdir()
+    (tmp_path / "sampled_workflows").mkdir()
+    pl.DataFrame({"llm_calls": [0, 2, 4], "prompt_tokens": [0, 100, 200], "completion_tokens": [0, 30, 60]}) \
+        .write_parquet(tmp_path / "execution_scores" / "0000.parquet")
+    pl.DataFrame({"llm_calls": [3], "prompt_tokens": [0], "completion_tokens": [0]}) \
+        .write_parquet(tmp_path / "execution_scores" / "0001.parquet")
+    pl.DataFrame({"n_tokens": [10, 20, 30]}).write_parquet(tmp_path / "sampled_workflows" / "0000.parquet")
+    m = measure_assets(tmp_path)
+    assert m.workflows == 4 and m.calls_per_workflow == pytest.approx(9 / 4)
+    assert m.prompt_tokens_per_call == pytest.approx(300 / 9) and m.completion_tokens_per_call == pytest.approx(10)
+    assert m.tokens_per_sample == pytest.approx(20) and m.samples == 3
+
+
+def test_spogw_plan_command(capsys, monkeypatch, tmp_path):
+    from spogw_dagster.cli import main
+
+    monkeypatch.delenv("SPOGW_GENERATOR_MODEL", raising=False)
+    rc = main(["plan", "--profile", "paper", "--assets-dir", str(tmp_path)])
+    out = capsys.readouterr()
+    assert rc in (0, None)
+    assert "960 rows per query" in out.out and "96,000 rows" in out.out and "1,600 rows" in out.out
+    assert "upper bound" in out.out and "SPOGW_GENERATOR_MODEL" in out.err
