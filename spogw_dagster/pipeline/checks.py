@@ -37,10 +37,11 @@ def _ck(**kw):
     return deco
 
 
-@_ck(asset="sampled_workflows", description="Every training query has exactly m sampled workflows.")
+@_ck(asset="sampled_workflows", description="Every training query has exactly m sampled workflows (m per "
+                                            "refinement turn).")
 def m_workflows_per_query(sampled_workflows: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
     cfg = pipeline.config()
-    m, d = cfg.curation.m, cfg.benchmark.train_queries
+    m, d = cfg.curation.m * cfg.refinement.turns, cfg.benchmark.train_queries
     counts = sampled_workflows.group_by("query_id").len()
     wrong = counts.filter(pl.col("len") != m)
     queries = counts.height

@@ -69,24 +69,33 @@ def modes(cfg) -> list[tuple[str, int, float]]:
 def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
                      seed: int):
     """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
+    from spogw_dagster.workflow.template import generator_prompt
+
+    prompts = [generator_prompt(p.family, p.question) for p in problems]
+    samples, tps = sample_prompts(pipeline, adapter, prompts, n=n, temperature=temperature, seed=seed)
+    return prompts, samples, tps
+
+
+def sample_prompts(pipeline, adapter: Path | None, prompts: Sequence[str], *, n: int, temperature: float,
+                   seed: int) -> tuple[list[list[tables.Sample]], float]:
+    """`n` completions of each generator prompt from base (+ adapter); returns (samples, tokens/s)."""
     from spogw_dagster.contracts import SamplingParams
-    from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
+    from spogw_dagster.workflow.template import GENERATOR_STOP
 
     g = pipeline.config().generator
-    prompts = [generator_prompt(p.family, p.question) for p in problems]
     sampler = pipeline.sampler(adapter, seed)
     try:
         params = SamplingParams(temperature=temperature, top_p=g.top_p if temperature > 0 else 1.0,
                                 max_tokens=g.max_new_tokens, seed=seed, stop=tuple(GENERATOR_STOP))
         t0 = time.monotonic()
-        outs = sampler.generate(prompts, params, n=n)
+        outs = sampler.generate(list(prompts), params, n=n)
         dt = time.monotonic() - t0
     finally:
         sampler.close()
     samples = [[tables.Sample(o.text, list(o.token_ids), list(o.logprobs), o.finish_reason) for o in row]
                for row in outs]
     ntok = sum(len(s.token_ids) for row in samples for s in row)
-    return prompts, samples, (ntok / dt if dt > 0 else 0.0)
+    return samples, (ntok / dt if dt > 0 else 0.0)
 
 
 Planned = list[tuple[tables.HeldoutSample, EvalJob]]

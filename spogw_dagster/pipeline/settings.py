@@ -278,6 +278,22 @@ class ReportSection(_Section):
         return self
 
 
+class RefinementSection(_Section):
+    """W4S's multi-turn refinement. With turns = T > 1, sampled_workflows samples m workflows per query (turn 0),
+    then for each turn t = 1..T−1 runs every turn-(t−1) workflow on the first `feedback_queries` queries of the
+    validation split (never the training query itself, whose score is the reward) and asks the generator for a
+    revised workflow, showing it the workflow, each run's status and error and the mean score (one revision per
+    workflow: a chain per sample). Every turn is a row (turn, parent_sample_idx), executed and scored like any
+    other; W4S trains with RWR on the turn-level rewards (training.objective: rwr). turns = 1: single-shot."""
+
+    turns: int = Field(1, ge=1, le=8)
+    feedback_queries: int = Field(2, ge=1, le=32)
+
+    @property
+    def enabled(self) -> bool:
+        return self.turns > 1
+
+
 class ComparisonSection(_Section):
     """`objective_comparison` (materialized on demand, not by the loop): the methods trained side by side from
     the same parent adapter on the same iteration's data and seeds, each scored on the report's held-out
@@ -324,6 +340,7 @@ class SpogwConfig(BaseModel):
     report: ReportSection = ReportSection()
     loop: LoopSection = LoopSection()
     comparison: ComparisonSection = ComparisonSection()
+    refinement: RefinementSection = RefinementSection()
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
@@ -368,7 +385,7 @@ class SpogwConfig(BaseModel):
 
 # Sections each asset's output depends on (its code version and `section_hash` use them).
 ASSET_SECTIONS: dict[str, tuple[str, ...]] = {
-    "sampled_workflows": ("benchmark", "generator", "curation"),
+    "sampled_workflows": ("benchmark", "generator", "curation", "refinement"),
     "execution_scores": ("benchmark", "executor", "execution", "reward"),
     "screened_groups": ("curation",),
     "sharpened_groups": ("curation",),
@@ -384,7 +401,7 @@ def _canon_json(obj: Any) -> str:
 
 
 def config_hash(cfg: SpogwConfig) -> str:
-    d = cfg.canonical()
+    d = _hashed(cfg)
     # Neither changes what any asset computes: the profile is a name, `iterations` only how far the loop goes.
     d.pop("profile", None)
     d.pop("iterations", None)
@@ -393,9 +410,25 @@ def config_hash(cfg: SpogwConfig) -> str:
     return hashlib.sha256(_canon_json(d).encode()).hexdigest()
 
 
-def section_hash(cfg: SpogwConfig, asset: str) -> str:
+def asset_sections(cfg: SpogwConfig, asset: str) -> tuple[str, ...]:
+    """The sections `asset` reads under `cfg`: with refinement on, sampling also runs workflows for feedback."""
+    if asset == "sampled_workflows" and cfg.refinement.enabled:
+        return ASSET_SECTIONS[asset] + ("executor", "execution", "reward")
+    return ASSET_SECTIONS[asset]
+
+
+def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
+    """The canonical config as hashed: refinement left out while it is off, so configs written before it
+    existed keep their hashes (and their assets)."""
     d = cfg.canonical()
-    return hashlib.sha256(_canon_json({s: d[s] for s in ASSET_SECTIONS[asset]}).encode()).hexdigest()
+    if not cfg.refinement.enabled:
+        d.pop("refinement", None)
+    return d
+
+
+def section_hash(cfg: SpogwConfig, asset: str) -> str:
+    d = _hashed(cfg)
+    return hashlib.sha256(_canon_json({s: d[s] for s in asset_sections(cfg, asset) if s in d}).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ SAMPLED_SCHEMA: dict[str, pl.DataType] = {
     "parent_iteration": pl.Int64(),  # null at iteration 0 (the base model)
     "parent_adapter_sha256": pl.String(),
     "generator": pl.String(),
+    "turn": pl.Int64(),  # W4S refinement turn (0: the first sample; see pipeline/refinement.py)
+    "parent_sample_idx": pl.Int64(),  # the turn-(t-1) workflow this one revises; null at turn 0
 }
 
 
@@ -71,15 +73,22 @@ def sampled_frame(
     parent_iteration: int | None,
     parent_sha256: str | None,
     generator: str,
+    turn: int = 0,
+    sample_idx: Sequence[Sequence[int]] | None = None,
+    parent_sample_idx: Sequence[Sequence[int | None]] | None = None,
 ) -> pl.DataFrame:
+    """Rows of sampled_workflows. `sample_idx[i][j]` numbers sample j of query i (default j) and
+    `parent_sample_idx[i][j]` the workflow it revises (refinement turns > 0; default none)."""
     if not (len(query_ids) == len(prompts) == len(samples)):
         raise ValueError("query_ids, prompts and samples must have the same length")
     rows: list[dict[str, Any]] = []
-    for qid, prompt, outs in zip(query_ids, prompts, samples):
+    for i, (qid, prompt, outs) in enumerate(zip(query_ids, prompts, samples)):
         for j, s in enumerate(outs):
             code, status, err = parse_completion(s.text, family)
             rows.append({
-                "iteration": iteration, "query_id": qid, "sample_idx": j, "prompt": prompt,
+                "iteration": iteration, "query_id": qid, "sample_idx": sample_idx[i][j] if sample_idx else j,
+                "turn": turn, "parent_sample_idx": parent_sample_idx[i][j] if parent_sample_idx else None,
+                "prompt": prompt[j] if isinstance(prompt, (list, tuple)) else prompt,
                 "completion": s.text, "workflow": code, "parse_status": status, "parse_error": err,
                 "finish_reason": s.finish_reason, "n_tokens": len(s.token_ids),
                 "completion_token_ids": [int(t) for t in s.token_ids],

@@ -164,3 +164,17 @@ def generator_prompt(family: str, question: str) -> str:
 def assemble_workflow(completion: str) -> str:
     """Rebuild the full class from a completion of `generator_prompt` (which prefilled 8 spaces)."""
     return WORKFLOW_HEADER + "        " + completion
+
+
+def refinement_prompt(prompt: str, workflow: str, feedback: str) -> str:
+    """W4S's next turn: the turn's prompt up to the task line, then the previous workflow and its feedback as
+    comments, then the header again, so the generator writes the revised body (completion-style, as
+    `generator_prompt`). `prompt` is a `generator_prompt` (or an earlier `refinement_prompt`: only its first
+    part, up to and including the task line, is kept, so prompts do not grow with the turns)."""
+    head = prompt[: prompt.index("# Task: ")] if "# Task: " in prompt else prompt
+    task_line = prompt[prompt.index("# Task: "):].split("\n", 1)[0] if "# Task: " in prompt else ""
+    previous = "\n".join("# | " + line for line in workflow.rstrip("\n").split("\n"))
+    notes = "\n".join("# " + line for line in feedback.strip().split("\n"))
+    return "\n".join([head.rstrip("\n"), "", task_line, "# Previous workflow:", previous,
+                      "# Feedback from running it on example tasks:", notes,
+                      "# Write an improved workflow for the task.", WORKFLOW_HEADER + "        "])

@@ -1,5 +1,7 @@
 """sampled_workflows(k): m workflows per training query from π_{k-1} (the base model at k = 0), with the
-sampled tokens and their log-probs (π_old for the trainer)."""
+sampled tokens and their log-probs (π_old for the trainer). With W4S refinement (refinement.turns = T > 1)
+each workflow is revised T−1 times from the feedback of running it on validation queries: m·T rows per
+query, each with its turn and the sample it revises (`pipeline/refinement.py`)."""
 
 import time
 from collections import Counter
@@ -40,6 +42,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl
         parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,
         generator=cfg.generator.model,
     )
+    if cfg.refinement.enabled:
+        df = _refine(context, pipeline, cfg, k, parent, problems[0].family, df)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(df, parent, len(problems), tps, seed)})
     say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
                  f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
@@ -61,3 +65,34 @@ def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int) -> 
         "generation_tokens_per_s": dg.MetadataValue.float(round(tps, 2)),
         "seed": dg.MetadataValue.int(seed),
     }
+
+
+def _refine(context, pipeline: PipelineResource, cfg, k: int, parent, family: str, first: pl.DataFrame) -> pl.DataFrame:
+    """Turns 1..T−1: each workflow of the last turn runs on the feedback queries, and the generator (π_{k-1}
+    again) writes one revision of it from the workflow and its feedback. Rows of turn t: sample_idx t·m + j."""
+    from spogw_dagster.workflow.template import refinement_prompt
+
+    from ..heldout import sample_prompts
+    from ..refinement import feedback_problems, run_feedback
+
+    fb_problems = feedback_problems(cfg)
+    m = cfg.curation.m
+    turns, last = [first], first.sort(["query_id", "sample_idx"])
+    for t in range(1, cfg.refinement.turns):
+        rows = last.to_dicts()
+        say(context, f"turn {t}: running {len(rows)} workflows on {len(fb_problems)} validation queries for feedback")
+        feedback = run_feedback(pipeline, [(r["workflow"] if r["parse_status"] == "ok" else None, r["parse_status"],
+                                            r["parse_error"] or "") for r in rows], fb_problems, cfg,
+                                seed=derive_seed(cfg.execution.seed, "feedback", k, t))
+        prompts = [refinement_prompt(r["prompt"], r["workflow"] or "", fb) for r, fb in zip(rows, feedback)]
+        samples, tps = sample_prompts(pipeline, parent.path if parent else None, prompts, n=1,
+                                      temperature=cfg.generator.temperature,
+                                      seed=derive_seed(cfg.generator.seed, "sample", k, "turn", t))
+        last = tables.sampled_frame(
+            k, [r["query_id"] for r in rows], prompts, samples, family,
+            parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,
+            generator=cfg.generator.model, turn=t,
+            sample_idx=[[t * m + r["sample_idx"] % m] for r in rows], parent_sample_idx=[[r["sample_idx"]] for r in rows])
+        turns.append(last)
+        say(context, f"turn {t}: {dict(Counter(last['parse_status'].to_list()))}, {tps:.1f} tokens/s")
+    return pl.concat(turns).sort(["query_id", "sample_idx"])
