@@ -246,7 +246,8 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
         t0 = time.monotonic()
         with _progress_to(out):
             result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False,
-                                            tags={"spogw/iteration": key, "spogw/launched_by": "spogw compare"})
+                                            tags={"spogw/iteration": key, "spogw/launched_by": "spogw compare"},
+                                            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
         if not result.success:
             raise RuntimeError(f"objective_comparison[{key}] failed:\n  " + _failure_message(result))
         print(f"done in {time.monotonic() - t0:.1f} s", file=out, flush=True)

@@ -51,7 +51,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         # no after-training pass (the report measures the policy)
         "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 5e-4, "epochs": 2, "batch_size": 8,
                      "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128,
-                     "eval_after": False},
+                     "eval_after": False,
+                     # score_dpo (objective_comparison): ScoreFlow's fixed pair budget scaled to 16 queries
+                     # (4 pairs a query, 128 rows: as many as rwr's 16 x 8 candidates)
+                     "dpo_num_pairs": 64},
         # k = 4 samples per held-out query at the training temperature (paired with π_{k-1}) and greedy;
         # baselines greedy only (one executor run per query, as `spogw baseline`); CoT-SC (4 executor calls
         # a query) is left to the `paper` profile and `spogw baseline` to keep tiny within 45 minutes

@@ -117,9 +117,9 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     examples, _ = method_examples(mcfg, cfg, *frames, key_to_int(key))
     common = dict(method=name, objective=tcfg.objective, n_examples=len(examples),
                   examples_sha256=data_hash(examples), seed=tcfg.seed)
-    if mcfg.curation == cfg.curation and mcfg.training == cfg.training and checkpoint["trained"]:
-        # the loop trained exactly this at k: same config, data, seed and parent
-        path = Path(checkpoint["adapter_path"])
+    path = Path(checkpoint["adapter_path"])
+    if checkpoint["trained"] and _trained_the_same(path, tcfg, common["examples_sha256"]):
+        # the loop trained exactly this at k: same training config, data (hence seed) and parent
         say(context, f"{name}: the loop's lora_checkpoint[{key}] (same config and data)")
         return MethodRun(adapter=path, adapter_sha256=adapter_sha256(path), train_seconds=None,
                          reused="lora_checkpoint", **common)
@@ -137,6 +137,19 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     if not (out / ADAPTER_WEIGHTS).is_file():  # pragma: no cover - train_lora and carry_forward both write it
         raise dg.Failure(f"{name}: no adapter was written to {out}")
     return MethodRun(adapter=out, adapter_sha256=adapter_sha256(out), train_seconds=secs, reused="", **common)
+
+
+def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
+    """Whether the adapter's training record shows this config and these examples (the parent is checkpoint
+    k-1 for both, by lineage)."""
+    from spogw_dagster.adapter_files import STATS_FILE
+
+    try:
+        stats = json.loads((adapter / STATS_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    same_config = json.loads(json.dumps(stats.get("config"))) == json.loads(json.dumps(tcfg.to_dict()))
+    return same_config and stats.get("hashes", {}).get("data") == examples_sha256
 
 
 def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[MethodRun], problems, store: AssetStore,
