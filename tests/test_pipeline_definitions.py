@@ -9,6 +9,7 @@ import json
 import dagster as dg
 import pytest
 
+from spogw_dagster.pipeline.settings import load_config
 from spogw_dagster.pipeline.wiring import build_definitions
 from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
 from spogw_dagster.pipeline.partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int, previous_key
@@ -104,7 +105,9 @@ def test_materializing_iteration_1_without_checkpoint_0_fails_fast_and_writes_no
 
 
 def test_sensor_decisions():
-    assert next_iteration([], set(), 2) == ("0000", "no iteration yet: starting iteration 0000")
+    # the sensor continues a started loop; iteration 0000 is launched by whoever starts it
+    key, why = next_iteration([], set(), 2)
+    assert key is None and why.startswith("no iteration yet: materialize iteration 0000")
     assert next_iteration(["0000"], set(), 2)[0] is None
     assert next_iteration(["0000"], {"0000"}, 2)[0] == "0001"
     assert next_iteration(["0001", "0000"], {"0000", "0001"}, 2) == (None, "done: 2 iteration(s) reported")
@@ -116,8 +119,7 @@ def test_sensor_against_an_instance(tmp_path):
     sensor = defs.resolve_sensor_def("next_iteration_sensor")
     with dg.instance_for_test() as inst:
         res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
-        assert [r.partition_key for r in res.run_requests] == ["0000"]
-        assert res.dynamic_partitions_requests[0].partition_keys == ["0000"]
+        assert isinstance(res, dg.SkipReason) and "no iteration yet" in res.skip_message
         inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
         res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
         assert isinstance(res, dg.SkipReason) and "waiting for benchmark_report[0000]" in res.skip_message
@@ -129,6 +131,25 @@ def test_sensor_against_an_instance(tmp_path):
         inst.add_run(dg.DagsterRun(job_name=JOB_NAME, run_id="a" * 36, status=dg.DagsterRunStatus.STARTED))
         res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
         assert isinstance(res, dg.SkipReason) and "still active" in res.skip_message
+    # ... nor while a one-asset run (a UI launch, `dg launch`) is active
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
+        inst.report_runless_asset_event(dg.AssetMaterialization("benchmark_report", partition="0000"))
+        inst.add_run(dg.DagsterRun(job_name="__ASSET_JOB", run_id="b" * 36, status=dg.DagsterRunStatus.STARTING))
+        res = sensor(dg.build_sensor_context(instance=inst, definitions=defs))
+        assert isinstance(res, dg.SkipReason) and "__ASSET_JOB is still active" in res.skip_message
+
+
+def test_sensor_runs_by_default_and_the_config_switch_stops_it(tmp_path):
+    sensor = build_definitions("ci", assets_dir=tmp_path).resolve_sensor_def("next_iteration_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    off = build_definitions("ci", assets_dir=tmp_path, overrides={"loop": {"sensor": False}})
+    assert off.resolve_sensor_def("next_iteration_sensor").default_status == dg.DefaultSensorStatus.STOPPED
+    # the switch changes no asset's output: the config hash and every code version stay the same
+    assert load_config("ci", overrides={"loop": {"sensor": False}}).hash == load_config("ci").hash
+    on_graph, off_graph = (d.resolve_asset_graph() for d in (build_definitions("ci", assets_dir=tmp_path), off))
+    assert {k: on_graph.get(k).code_version for k in on_graph.materializable_asset_keys} == {
+        k: off_graph.get(k).code_version for k in off_graph.materializable_asset_keys}
 
 
 def test_cli_run_and_catalog_commands(tmp_path, capsys):

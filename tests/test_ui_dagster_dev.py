@@ -8,6 +8,10 @@ DAGSTER_HOME and assets directory) driven by Debian's headless Chromium through 
   The run succeeds (GraphQL), its Parquet file lands in the assets directory with the expected rows, and the
   materialization of partition 0000 shows in the GraphQL API and on the asset's page.
 
+- The loop's sensor is RUNNING without anyone starting it (GraphQL and the automation page), and its ticks
+  launch nothing while iteration 0000 has not been started or a run is in progress (so the launch above stays
+  the only run).
+
 Screenshots go to test-artifacts/ui_*.png (not committed). Skipped only where /usr/bin/chromium is missing
 (`apt-get install -y chromium`; the Python `playwright` package drives it, no browser download).
 """
@@ -62,6 +66,18 @@ query Mat($key: AssetKeyInput!, $partitions: [String!]) {
     }
   }
 }"""
+
+
+SENSOR_QUERY = """
+query Sensor($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { name sensorState { status ticks(limit: 20) { status skipReason runIds } } }
+    ... on PythonError { message }
+  }
+}"""
+SENSOR = {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+          "sensorName": "next_iteration_sensor"}
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +266,20 @@ def test_materialize_a_partition_from_the_ui(dev, browser):
         asset_page.screenshot(path=str(ARTIFACTS / "ui_asset_partitions.png"))
         TIMINGS["ui_materialize_total_s"] = round(time.monotonic() - t0, 1)
         TIMINGS["ui_mutations"] = mutations  # type: ignore[assignment]
+
+
+def test_the_loop_sensor_is_running_and_launches_nothing_on_its_own(dev, browser):
+    with _screenshots_on_failure(browser, "sensor"):
+        t0 = time.monotonic()
+        sensor = dev.graphql(SENSOR_QUERY, {"selector": SENSOR})["sensorOrError"]
+        assert sensor["__typename"] == "Sensor", sensor
+        assert sensor["sensorState"]["status"] == "RUNNING"  # default_status, nobody started it
+        # every tick so far skipped (no iteration started, a run active, or waiting for the report)
+        ticks = sensor["sensorState"]["ticks"]
+        assert all(not t["runIds"] for t in ticks), ticks
+        page = _open(browser, dev, "/overview/automation")
+        page.get_by_text("next_iteration_sensor").first.wait_for()
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(ARTIFACTS / "ui_sensor.png"))
+        page.close()
+        TIMINGS["sensor_s"] = round(time.monotonic() - t0, 1)

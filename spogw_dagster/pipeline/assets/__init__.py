@@ -19,6 +19,8 @@ rerun that changed data, and nothing after one that reproduced it. The groups sh
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 from typing import Any, Callable
 
 import dagster as dg
@@ -44,16 +46,23 @@ ASSET_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened
 
 
 def versioned(compute: Callable[..., Any]) -> Callable[..., Any]:
-    """`compute` returning `dg.Output(frame, data_version=<hash of the frame>)`; its signature (parameter names,
-    the `context` annotation, the return type) stays what Dagster reads, through `functools.wraps`."""
+    """`compute` returning `dg.Output(frame, data_version=<hash of the frame>)`. Dagster reads the parameters
+    (names, the `context` annotation) through `functools.wraps`; the return annotation becomes
+    `dg.Output[pl.DataFrame]`, as Dagster requires of a function that returns an Output."""
 
     @functools.wraps(compute)
     def with_data_version(*args: Any, **kwargs: Any) -> Any:
         out = compute(*args, **kwargs)
         if isinstance(out, pl.DataFrame):
-            return dg.Output(out, data_version=frame_data_version(out))
+            with warnings.catch_warnings():  # `data_version=` is marked beta in 1.13; it is what the UI reads
+                warnings.simplefilter("ignore", dg.BetaWarning)
+                return dg.Output(out, data_version=frame_data_version(out))
         return out
 
+    returns = dg.Output[pl.DataFrame]
+    with_data_version.__annotations__ = {**compute.__annotations__, "return": returns}
+    with_data_version.__signature__ = inspect.signature(compute).replace(  # type: ignore[attr-defined]
+        return_annotation=returns)
     return with_data_version
 
 

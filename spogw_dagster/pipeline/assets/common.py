@@ -1,13 +1,16 @@
-"""What every asset module shares: progress lines, the common metadata, small Markdown tables, and the
-parent-checkpoint lookup that turns a missing checkpoint into a Dagster failure with the fix."""
+"""What every asset module shares: progress lines, the common metadata, small Markdown tables, the
+parent-checkpoint lookup that turns a missing checkpoint into a Dagster failure with the fix, and the data
+version of an asset's frame (`frame_data_version`, which `build_assets` attaches to every output)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Any
 
 import dagster as dg
+import polars as pl
 
 from ..settings import SpogwConfig, section_hash
 from ..lineage import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
@@ -48,3 +51,24 @@ def parent_or_fail(store: AssetStore, key: str) -> ParentCheckpoint | None:
         return parent_checkpoint(store, key)
     except MissingCheckpointError as e:
         raise dg.Failure(description=str(e), allow_retries=False) from None
+
+
+# How a value was obtained, not what it is: a rerun served from the call cache, or reusing an identical
+# training run, changes these and nothing else, so they stay out of the data version.
+VOLATILE_COLUMNS = frozenset({"wall_s", "cached_calls", "train_seconds", "reused"})
+VOLATILE_METRICS = frozenset({"cached_calls"})  # the same, as rows of a long-format report (`metric` column)
+
+
+def frame_data_version(frame: pl.DataFrame) -> dg.DataVersion:
+    """The frame's content as a Dagster data version: sha256 over its schema and row hashes, without the
+    VOLATILE_COLUMNS/METRICS. A rerun that reproduces the same rows (same seeds, cache hits) gets the same
+    version, so Dagster marks nothing downstream stale; any other change marks the downstream partitions stale.
+    (Row hashes are polars' `hash_rows` with fixed seeds: stable within one polars version.)"""
+    f = frame.drop([c for c in frame.columns if c in VOLATILE_COLUMNS])
+    if "metric" in f.columns:
+        f = f.filter(~pl.col("metric").is_in(sorted(VOLATILE_METRICS)))
+    h = hashlib.sha256(repr([(c, str(t)) for c, t in f.schema.items()]).encode())
+    h.update(f.height.to_bytes(8, "little"))
+    if f.width and f.height:
+        h.update(f.hash_rows(seed=0, seed_1=1, seed_2=2, seed_3=3).to_numpy().tobytes())
+    return dg.DataVersion(h.hexdigest()[:24])
