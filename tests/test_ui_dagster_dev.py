@@ -1,8 +1,8 @@
 """The Dagster UI for real: `dagster dev` from the repo root (workspace.yaml, the `ci` profile, a temporary
 DAGSTER_HOME and assets directory) driven by Debian's headless Chromium through Playwright.
 
-- The global lineage page (/asset-groups) draws the six assets as graph nodes; a stage's group page
-  (/locations/spogw/asset-groups/curation) draws that stage's two.
+- Each stage's group page (/locations/spogw/asset-groups/<sampling|execution|curation|training|evaluation>)
+  draws that stage's assets as graph nodes: the six of the loop (and the on-demand objective_comparison).
 - A partition is materialized from the UI as a user would: select `sampled_workflows` in the graph,
   "Materialize selected…", "Add a partition" 0000 (the iteration partitions are dynamic), "Launch 1 run".
   The run succeeds (GraphQL), its Parquet file lands in the assets directory with the expected rows, and the
@@ -40,8 +40,12 @@ ARTIFACTS = REPO / "test-artifacts"
 ASSETS = ("sampled_workflows", "execution_scores", "screened_groups", "sharpened_groups", "lora_checkpoint",
           "benchmark_report")
 LOCATION = "spogw"
-GROUP_PAGE = "/asset-groups"  # the global lineage graph: all five stage groups (sampling ... evaluation)
-CURATION_PAGE = f"/locations/{LOCATION}/asset-groups/curation"  # one stage's group
+# The UI groups assets by stage; the global lineage (/asset-groups) shows the groups collapsed, so each stage's
+# group page is where its assets are nodes.
+STAGES = {"sampling": ("sampled_workflows",), "execution": ("execution_scores",),
+          "curation": ("screened_groups", "sharpened_groups"), "training": ("lora_checkpoint",),
+          "evaluation": ("benchmark_report", "objective_comparison")}
+SAMPLING_PAGE = f"/locations/{LOCATION}/asset-groups/sampling"
 PARTITION = "0000"
 TIMINGS: dict[str, float] = {}
 
@@ -158,19 +162,15 @@ def _wait_nodes(page, names=ASSETS):
 def test_asset_graph_shows_the_six_assets(dev, browser):
     with _screenshots_on_failure(browser, "graph"):
         t0 = time.monotonic()
-        page = _open(browser, dev, GROUP_PAGE)
-        _wait_nodes(page)
-        # each asset is exactly one node of the graph
-        for name in ASSETS:
-            assert _graph_node(page, name).count() == 1, name
-        page.wait_for_load_state("networkidle")
-        page.screenshot(path=str(ARTIFACTS / "ui_asset_graph.png"))
-        # a stage's group page draws that stage's assets
-        stage = _open(browser, dev, CURATION_PAGE)
-        _wait_nodes(stage, ["screened_groups", "sharpened_groups"])
-        assert _graph_node(stage, "screened_groups").count() == 1
-        stage.close()
-        page.close()
+        assert {a for names in STAGES.values() for a in names} >= set(ASSETS)
+        for group, names in STAGES.items():
+            page = _open(browser, dev, f"/locations/{LOCATION}/asset-groups/{group}")
+            _wait_nodes(page, names)
+            for name in names:  # each asset is exactly one node of its stage's graph
+                assert _graph_node(page, name).count() == 1, (group, name)
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(ARTIFACTS / f"ui_asset_graph_{group}.png"))
+            page.close()
         TIMINGS["asset_graph_s"] = round(time.monotonic() - t0, 1)
 
 
@@ -178,7 +178,7 @@ def test_asset_graph_shows_the_six_assets(dev, browser):
 def test_materialize_a_partition_from_the_ui(dev, browser):
     with _screenshots_on_failure(browser, "materialize"):
         t0 = time.monotonic()
-        page = _open(browser, dev, GROUP_PAGE)
+        page = _open(browser, dev, SAMPLING_PAGE)
         mutations: list[str] = []
 
         def record(req):
@@ -253,8 +253,8 @@ def test_materialize_a_partition_from_the_ui(dev, browser):
 
         # the graph shows the materialized partition; the asset's partitions page lists 0000 as materialized
         page.close()
-        page = _open(browser, dev, GROUP_PAGE)
-        _wait_nodes(page)
+        page = _open(browser, dev, SAMPLING_PAGE)
+        _wait_nodes(page, ["sampled_workflows"])
         page.wait_for_load_state("networkidle")
         page.screenshot(path=str(ARTIFACTS / "ui_asset_graph_materialized.png"))
         page.close()
