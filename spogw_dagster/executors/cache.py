@@ -99,6 +99,7 @@ class CallCache:
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        conn = None
         try:
             conn = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False,
                                    isolation_level=None)  # autocommit: each statement is its own transaction
@@ -106,9 +107,13 @@ class CallCache:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
-        except sqlite3.DatabaseError as e:
+            conn.execute("SELECT key FROM calls LIMIT 1").fetchone()  # a damaged header/schema fails here
+        except sqlite3.DatabaseError as e:  # sqlite3.OperationalError included (e.g. an unwritable file)
+            if conn is not None:
+                conn.close()
             raise RuntimeError(f"call cache {self.path} cannot be opened as a SQLite database ({e}); "
-                               f"delete the file or choose another cache path") from e
+                               f"delete the file (and its -wal/-shm files; only the cached calls are lost, they "
+                               f"are made again) or choose another cache path") from None
         self._conn: sqlite3.Connection | None = conn
 
     def _c(self) -> sqlite3.Connection:

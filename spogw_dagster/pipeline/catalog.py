@@ -22,6 +22,9 @@ writes the new catalog into a temporary file and renames it over the old one, un
   catalog names any more are deleted after `GRACE_S` (an hour), so a connection older than that should be
   reopened.
 
+A partition file that is not readable Parquet (damaged outside the pipeline) is left out of the views with a
+warning naming it (and listed under "damaged" in `.catalog.json`), so one bad file never breaks every query.
+
 The IO manager refreshes the catalog after every partition it writes; `spogw catalog` rebuilds it by hand
 (e.g. after moving the assets directory: the views hold absolute paths). For ad-hoc reads of the partition
 files themselves use `assets/<table>/*.parquet` (what the IO manager writes; fine when no run is writing).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import time
@@ -40,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from .storage import TABLES, AssetStore
+
+log = logging.getLogger(__name__)
 
 #: Side tables written by an asset module besides those `storage.TABLES` names (training_rows: lora_checkpoint).
 EXTRA_SIDE_TABLES = ("training_rows",)
@@ -130,11 +136,19 @@ def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
             old = {}
         old_files: dict[str, dict[str, Any]] = old.get("files", {})
         files: dict[str, dict[str, Any]] = {}
+        damaged: list[str] = []
         for table in CATALOG_TABLES:
             for part in store.partitions(table):
                 rec = old_files.get(table, {}).get(part)
-                files.setdefault(table, {})[part] = rec if _same_file(store, table, part, rec) else \
-                    _snapshot(store, table, part)
+                if _same_file(store, table, part, rec):
+                    files.setdefault(table, {})[part] = rec
+                elif store.readable(table, part):
+                    files.setdefault(table, {})[part] = _snapshot(store, table, part)
+                else:  # a damaged file must not break every view: left out, and said so
+                    damaged.append(str(store.parquet_path(table, part)))
+        if damaged:
+            log.warning("DuckDB catalog: left out %d damaged partition file(s) (not readable Parquet): %s; "
+                        "rematerialize those partitions", len(damaged), ", ".join(damaged))
         changed = files != old_files
         if changed or force or not store.catalog_path.is_file():
             build_catalog(store, {t: [str(store.root / r["snap"]) for _, r in sorted(parts.items())]
@@ -158,7 +172,7 @@ def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
                 with contextlib.suppress(FileNotFoundError):
                     (store.root / rel).unlink()
                 del retired[rel]
-        state = {"root": str(store.root), "files": files, "retired": retired}
+        state = {"root": str(store.root), "files": files, "retired": retired, "damaged": damaged}
         tmp = side.with_name(f".tmp-{uuid.uuid4().hex[:8]}{SIDE_FILE}.part")
         tmp.write_text(json.dumps(state, sort_keys=True))
         os.replace(tmp, side)

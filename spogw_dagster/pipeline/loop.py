@@ -6,20 +6,29 @@ same job the sensor launches from the UI. Runs go into the instance at $DAGSTER_
 queue), so `DAGSTER_HOME=<assets>/.dagster dagster dev` shows them afterwards. An iteration whose
 benchmark_report exists for the same configuration is skipped unless --force. Progress goes to the terminal;
 the loop ends with a table of held-out scores per iteration.
+
+One writer per assets directory: `spogw run` and `spogw compare --iteration` hold an exclusive fcntl lock on
+`<assets>/.spogw-run.lock` while they run (`assets_dir_lock`). A second launch on the same directory is
+refused at once with the holder's pid and what to do; two loops never interleave their partitions. The
+kernel drops the lock when its holder exits, however it exits (SIGKILL included), so a crash never leaves a
+stale lock behind; the pid written into the file is only there to name the holder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from .storage import ASSET_NAMES, AssetStore, default_assets_dir
+from .storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
 
 INSTANCE_YAML = """\
 # Written by `spogw run`: the persistent Dagster instance of this assets directory.
@@ -31,6 +40,62 @@ run_queue:
 telemetry:
   enabled: false
 """
+
+
+LOCK_FILE = ".spogw-run.lock"
+
+
+def _config_error_base():
+    from .settings import ConfigValidationError
+
+    return ConfigValidationError
+
+
+class AssetsDirBusyError(_config_error_base()):
+    """Another `spogw run` (or `spogw compare --iteration`) holds the assets directory's lock. A
+    ConfigValidationError, so the CLI prints it as one line and exits with status 2."""
+
+
+def _lock_holder(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text() or "{}")
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def assets_dir_lock(root: Path, command: str = "spogw run"):
+    """Hold the exclusive lock of the assets directory `root` for the duration; refuse if another process
+    holds it (AssetsDirBusyError naming its pid). The file descriptor is close-on-exec, so the sandbox's
+    children never inherit (and never keep) the lock."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        h = _lock_holder(path)
+        pid = h.get("pid")
+        who = (f"pid {pid}" + (f" on {h['host']}" if h.get("host") else "")
+               + (f", `{h['command']}`" if h.get("command") else "")
+               + (f", started {h['started']}" if h.get("started") else "")) if pid else "a process that is starting"
+        raise AssetsDirBusyError(
+            f"assets directory {root} is locked by another run ({who}; lock file {path}). Two runs on one assets "
+            f"directory would interleave their partitions, so this one does not start. Wait for it to finish, "
+            f"stop it" + (f" (kill {pid})" if pid else "") + ", or pass another --assets-dir.") from None
+    try:
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def ensure_dagster_home(assets_dir: Path) -> Path:
@@ -75,12 +140,25 @@ def _failure_message(result) -> str:
             if data is not None and data.user_failure_data is not None and data.user_failure_data.description:
                 text = data.user_failure_data.description
             elif err is not None:
-                cause = err
-                while cause.cause is not None:
-                    cause = cause.cause
-                text = cause.message.strip()
+                text = _user_error_text(err)
             msgs.append(f"{ev.step_key}: {text}")
     return "\n".join(msgs) or "run failed (see the Dagster event log)"
+
+
+def _user_error_text(err) -> str:
+    """The first error in the chain that is not Dagster's wrapper (the asset's own message, which names the
+    file and the fix), then its root cause in brackets: never just the root cause, which for a wrapped error
+    (e.g. sqlite3's "file is not a database") names neither."""
+    cause = err
+    while cause.cls_name and cause.cls_name.startswith("Dagster") and cause.cause is not None:
+        cause = cause.cause
+    text = f"{cause.cls_name}: {cause.message.strip()}" if cause.cls_name else cause.message.strip()
+    root = cause
+    while root.cause is not None:
+        root = root.cause
+    if root is not cause:
+        text += f" (caused by {root.cls_name}: {root.message.strip()})"
+    return text
 
 
 def run_loop(
@@ -96,13 +174,20 @@ def run_loop(
     import dagster as dg
 
     from .settings import load_config
-    from .wiring import build_definitions
-    from .partitions import PARTITIONS_NAME, iteration_key
-    from .sensors import JOB_NAME
 
     overrides = {"iterations": iterations} if iterations is not None else None
     cfg = load_config(profile, config_file, overrides)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    with assets_dir_lock(root, "spogw run"):
+        return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level)
+
+
+def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO, instance,
+                     log_level: str) -> list[IterationOutcome]:
+    from .wiring import build_definitions
+    from .partitions import PARTITIONS_NAME, iteration_key
+    from .sensors import JOB_NAME
+
     store = AssetStore(root)
     own_instance = instance is None
     if own_instance:
@@ -112,25 +197,37 @@ def run_loop(
         home = Path(instance.root_directory) if getattr(instance, "root_directory", None) else None
     defs = build_definitions(assets_dir=root, config=cfg)
     job = defs.resolve_job_def(JOB_NAME)
+    interrupted = _close_interrupted_runs(instance, root)
 
     def say(msg: str) -> None:
         print(msg, file=out, flush=True)
 
+    swept = sweep_temp_files(root)  # under the lock: only a killed writer can have left these
+    if swept:
+        say(f"removed {len(swept)} temporary file(s) an interrupted run left behind: "
+            + ", ".join(str(p.relative_to(root)) for p in swept[:5]) + (" ..." if len(swept) > 5 else ""))
     say(f"spogw run: profile {cfg.profile}, {cfg.iterations} iteration(s), config {cfg.hash[:12]}, "
         f"benchmark {cfg.benchmark.name} (d={cfg.benchmark.train_queries}, held-out={cfg.benchmark.heldout_queries}), "
         f"m={cfg.curation.m} n={cfg.curation.n} t={cfg.curation.t}, objective {cfg.training.objective}")
     source = f"SPOGW_CONFIG={Path(config_file).resolve()}" if config_file else f"SPOGW_PROFILE={cfg.profile}"
     say(f"  assets: {root}\n  Dagster instance: {home}\n  the UI on this run, from the repo root: "
         f"DAGSTER_HOME={home} {source} SPOGW_ASSETS_DIR={root} dagster dev")
+    for run_id, pid in interrupted:
+        say(f"  run {run_id[:8]} (pid {pid}) ended without finishing (killed?): marked failed in the instance; "
+            "its finished assets are kept, the rest is rerun")
     outcomes: list[IterationOutcome] = []
     try:
         with _progress_to(out):
             for k in range(cfg.iterations):
                 key = iteration_key(k)
                 if not force and _already_reported(store, key, cfg.hash):
-                    say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
-                    outcomes.append(IterationOutcome(key, "skipped"))
-                    continue
+                    damaged = [a for a in ASSET_NAMES if not store.readable(a, key)]
+                    if not damaged:
+                        say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
+                        outcomes.append(IterationOutcome(key, "skipped"))
+                        continue
+                    say(f"iteration {key}: benchmark_report exists, but {', '.join(f'{a}[{key}]' for a in damaged)} "
+                        "is missing or damaged: rerunning the iteration")
                 if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
                     instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
                 outcomes.append(_run_iteration(job, instance, key, log_level, say))
@@ -165,7 +262,7 @@ def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str],
     t0 = time.monotonic()
     result = job.execute_in_process(
         partition_key=key, instance=instance, raise_on_error=False,
-        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run"},
+        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run", "spogw/pid": str(os.getpid())},
         run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
     )
     o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
@@ -183,6 +280,41 @@ def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str],
     else:
         say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
     return o
+
+
+def _close_interrupted_runs(instance, root: Path) -> list[tuple[str, str]]:
+    """Runs of `spogw run` the instance still shows as started although their process is gone (SIGKILL, OOM,
+    a lost machine): marked failed with the reason, so the event log explains them. A run whose process is
+    alive is left alone (an instance may be shared by several assets directories)."""
+    import dagster as dg
+
+    closed: list[tuple[str, str]] = []
+    try:
+        runs = instance.get_runs(filters=dg.RunsFilter(
+            statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
+            tags={"spogw/launched_by": "spogw run"}))
+    except Exception:  # storage hiccup: this is bookkeeping, never a reason to stop
+        return closed
+    for r in runs:
+        pid = r.tags.get("spogw/pid", "")
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_running(int(pid)):
+            continue
+        with contextlib.suppress(Exception):
+            instance.report_run_failed(r, message=(
+                f"the `spogw run` process (pid {pid}) that ran this ended before the run finished (killed or "
+                f"crashed); the partitions it finished are kept, a later `spogw run` reruns the rest"))
+            closed.append((r.run_id, pid))
+    return closed
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:
@@ -236,6 +368,13 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     if not store.exists("benchmark_report", key):
         raise ConfigValidationError(f"benchmark_report[{key}] does not exist under {root}: run the loop that far "
                                     f"first (spogw run --iterations {iteration + 1}) or pass --assets-dir")
+    with assets_dir_lock(root, "spogw compare"):
+        return _run_comparison_locked(dg, cfg, root, store, key, out, instance)
+
+
+def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
+    from .wiring import COMPARISON_JOB, build_definitions
+
     own = instance is None
     if own:
         ensure_dagster_home(root)

@@ -13,11 +13,17 @@ Layout under the assets directory (default ./assets, or SPOGW_ASSETS_DIR):
 Writes are atomic: a file is written to a temporary name in the same directory (which never ends in
 .parquet, so the catalog's globs never see it), fsynced, then renamed over the target with os.replace. A
 reader sees the old file or the new one, never half of one; a re-materialization replaces its partition.
+
+A partition file that is damaged anyway (truncated or overwritten outside the pipeline, a bad disk) is never
+read as data: `read_parquet` raises `DamagedPartitionError` naming the file and the fix (rematerialize that
+partition), and `readable` tells the loop not to count such a partition as done.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 
 import polars as pl
@@ -37,6 +43,18 @@ ON_DEMAND_ASSETS = ("objective_comparison",)
 SIDE_TABLES = ("heldout_results", "comparison_heldout")
 TABLES = ASSET_NAMES + ON_DEMAND_ASSETS + SIDE_TABLES
 CATALOG_FILE = "spogw.duckdb"
+
+
+class DamagedPartitionError(RuntimeError):
+    """A partition file exists but is not readable Parquet."""
+
+
+def damaged_message(table: str, partition: str, path: Path, err: BaseException) -> str:
+    return (f"{table}[{partition}] is damaged: {path} is not readable Parquet ({type(err).__name__}: "
+            f"{str(err).strip().splitlines()[0] if str(err).strip() else 'no detail'}). It was changed outside the "
+            f"pipeline (the pipeline only ever renames complete files into place). Rematerialize {table} for "
+            f"iteration {partition} and the assets after it (`spogw run --force`, or in the UI); deleting the file "
+            f"first is safe.")
 
 
 def default_assets_dir() -> Path:
@@ -74,7 +92,18 @@ class AssetStore:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{table}[{partition}] has no data at {path}; materialize {table} for iteration {partition} first")
-        return pl.read_parquet(path)
+        try:
+            return pl.read_parquet(path)
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise DamagedPartitionError(damaged_message(table, partition, path, e)) from e
+
+    def readable(self, table: str, partition: str) -> bool:
+        """The partition file exists and its Parquet footer reads (cheap: no data is read)."""
+        try:
+            pl.read_parquet_schema(self.parquet_path(table, partition))
+            return True
+        except (pl.exceptions.PolarsError, OSError):
+            return False
 
     def exists(self, table: str, partition: str) -> bool:
         return self.parquet_path(table, partition).is_file()
@@ -82,6 +111,52 @@ class AssetStore:
     def partitions(self, table: str) -> list[str]:
         d = self.table_dir(table)
         return sorted(p.stem for p in d.glob("*.parquet")) if d.is_dir() else []
+
+
+# What a writer killed mid-write leaves behind (an atomic write's temp file, an adapter folder being built or
+# being swapped out): `.tmp-*` files and folders, `.trash-*` folders. Never a name the catalog's globs match.
+_TEMP_NAME = re.compile(r"^\.(tmp|trash)-")
+_PID_IN_NAME = re.compile(r"-(\d+)-[0-9a-f]{8}$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
+
+
+def sweep_temp_files(root: str | os.PathLike[str]) -> list[Path]:
+    """Remove what killed writers left under the assets directory (not the Dagster instance's folder). Call it
+    only while holding the assets directory's lock (`loop.assets_dir_lock`): a temp entry of a live writer is
+    part of a write in progress. Folders that name a live pid (the trainer's) are kept regardless."""
+    root = Path(root)
+    removed: list[Path] = []
+    if not root.is_dir():
+        return removed
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if d == root:
+            dirnames[:] = [n for n in dirnames if n != ".dagster"]
+        for n in list(dirnames):
+            if _TEMP_NAME.match(n):
+                m = _PID_IN_NAME.search(n)
+                if m and _pid_alive(int(m.group(1))):
+                    continue
+                shutil.rmtree(d / n, ignore_errors=True)
+                removed.append(d / n)
+                dirnames.remove(n)
+        for n in filenames:
+            if _TEMP_NAME.match(n):
+                try:
+                    (d / n).unlink()
+                    removed.append(d / n)
+                except FileNotFoundError:
+                    pass
+    return sorted(removed)
 
 
 def write_parquet_atomic(df: pl.DataFrame, path: str | os.PathLike[str]) -> Path:
