@@ -38,12 +38,26 @@ Objectives (`compute_loss(name, batch, cfg)` dispatches):
              weights by their batch mean instead. The pipeline feeds every scored candidate of the iteration
              once (`curation.rwr_candidates`), as W4S weights every sampled candidate once.
 
+Training on unique workflows (the GRPO family). With overlapping groups one workflow o is a row of every
+sharpened group g it belongs to, with advantage Â_g. Since min(ρÂ, clip(ρ)Â) = Â·min(ρ, clip ρ) for Â > 0 and
+Â·max(ρ, clip ρ) for Â < 0, the sum of its rows' losses is one term
+
+    Σ_g L_g = −(1/|o|) Σ_t [ A⁺ min(ρ, clip ρ) + A⁻ max(ρ, clip ρ) − β K D ],
+    A⁺ = Σ_g max(Â_g, 0),  A⁻ = Σ_g min(Â_g, 0),  K = #{g: Â_g > 0} (spogw) or #{g} (grpo),
+
+and the per-group loss (mean over R rows) equals Σ_unique (that term) / R with R = Σ_unique count. A batch
+carries these as `adv_pos`, `adv_neg`, `n_pos`, `n_neg`, `count` (see `unique_advantage_weights`); the loss
+is then normalised by Σ count, i.e. by the number of per-group rows it stands for, so loss, gradients and the
+logged metrics (kl, clip_frac, ratio_mean, kl_mask_frac, advantage_mean) equal those of the repeated rows
+(tests/test_unique_aggregation.py).
+
 The trainer computes log-probs for score_dpo and rwr at T = 1 and for the GRPO family at the sampling
 temperature (`ObjectiveConfig.logprob_temperature`); the losses themselves take log-probs as given.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -63,6 +77,7 @@ __all__ = [
     "rwr",
     "sample_pairs",
     "compute_loss",
+    "unique_advantage_weights",
     "OBJECTIVES",
 ]
 
@@ -81,6 +96,17 @@ class LossBatch:
     scores: Tensor | None = None
     group_ids: Tensor | None = None  # [B] ints; score_dpo pairs only rows of the same group
     pairs: Tensor | None = None  # [P, 2] long: (chosen row, rejected row); score_dpo
+    # unique-workflow rows (GRPO family): each row stands for `count` per-group rows (see module doc); when
+    # adv_pos is given these five replace `advantages`, and the loss is normalised by Σ count
+    adv_pos: Tensor | None = None  # [B] A⁺ = Σ of the row's positive Â (>= 0)
+    adv_neg: Tensor | None = None  # [B] A⁻ = Σ of its negative Â (<= 0)
+    n_pos: Tensor | None = None  # [B] number of its groups with Â > 0 (spogw's KL weight)
+    n_neg: Tensor | None = None  # [B] number with Â < 0
+    count: Tensor | None = None  # [B] number of per-group rows it stands for (>= 1; grpo's KL weight)
+
+    @property
+    def aggregated(self) -> bool:
+        return self.adv_pos is not None
 
 
 @dataclass
@@ -247,6 +273,105 @@ def _clipped_policy_loss(
             "kl_mask_frac": kl_mask_frac if beta > 0 else 0.0,
             "ratio_mean": ratio_mean,
             "advantage_mean": float(adv.mean()),
+        },
+    )
+
+
+def unique_advantage_weights(advantages) -> tuple[float, float, int, int, int]:
+    """(A⁺, A⁻, n⁺, n⁻, count) of one workflow from the advantages Â_g of the per-group rows it stands for:
+    A⁺ = Σ max(Â_g, 0), A⁻ = Σ min(Â_g, 0), n⁺ = #{Â_g > 0}, n⁻ = #{Â_g < 0}, count = #rows (sums in float64)."""
+    a = [float(x) for x in advantages]
+    if not a:
+        raise ValueError("a unique row stands for at least one per-group row")
+    return (math.fsum(x for x in a if x > 0), math.fsum(x for x in a if x < 0),
+            sum(x > 0 for x in a), sum(x < 0 for x in a), len(a))
+
+
+def _aggregated_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    mask: Tensor,
+    b: LossBatch,
+    *,
+    beta: float,
+    clip_eps: float,
+    kl_mask: str,  # "positive" (mKL: weight n⁺) | "all" (weight count)
+) -> LossOutput:
+    """The GRPO family on unique-workflow rows (module doc): equal to `_clipped_policy_loss` on the per-group
+    rows each unique row stands for — loss, gradients and metrics."""
+    m, length = _prepare(logp, mask)
+    B = logp.shape[0]
+    _check_2d("old_logp", old_logp, logp.shape)
+    _check_2d("ref_logp", ref_logp, logp.shape)
+    for name in ("adv_pos", "adv_neg", "n_pos", "n_neg", "count"):
+        if getattr(b, name) is None:
+            raise ValueError(f"unique-workflow rows need all of adv_pos, adv_neg, n_pos, n_neg, count; {name} is missing")
+        _check_1d(name, getattr(b, name), B)
+    if beta < 0:
+        raise ValueError(f"beta={beta} must be >= 0")
+    if not (0 < clip_eps < 1):
+        raise ValueError(f"clip_eps={clip_eps} must be in (0, 1)")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(
+            f"a KL term with beta={beta} needs batch.ref_logp (reference log-probs); "
+            f"set beta=0 or use 'grpo_nokl' to train without a reference"
+        )
+    dt = _work_dtype(logp)
+    a_pos, a_neg = b.adv_pos.detach().to(dt), b.adv_neg.detach().to(dt)
+    n_pos, n_neg, count = b.n_pos.detach().to(dt), b.n_neg.detach().to(dt), b.count.detach().to(dt)
+    if bool((a_pos < 0).any()) or bool((a_neg > 0).any()):
+        raise ValueError("adv_pos must be >= 0 and adv_neg <= 0 (sums of the positive / negative advantages)")
+    if bool((count < 1).any()) or bool((n_pos + n_neg > count).any()) or bool((n_pos < 0).any() or (n_neg < 0).any()):
+        raise ValueError("need count >= 1 and 0 <= n_pos, n_neg with n_pos + n_neg <= count")
+    total = count.sum()  # the number of per-group rows: the per-group loss's denominator
+
+    lp = _masked(logp, m, dt)
+    old = _masked(old_logp.detach(), m, dt) if old_logp is not None else lp.detach()
+    ratio = torch.exp(lp - old)
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    # Â > 0: min(ρÂ, clip(ρ)Â) = Â min(ρ, clip ρ);  Â < 0: = Â max(ρ, clip ρ); summed over the row's groups
+    surrogate = a_pos.unsqueeze(-1) * torch.minimum(ratio, clipped) + a_neg.unsqueeze(-1) * torch.maximum(ratio, clipped)
+    policy_rows = -(surrogate * m).sum(-1) / length
+    policy_loss = policy_rows.sum() / total
+
+    kl_value: float | None = None
+    if kl_mask == "positive":
+        W = n_pos
+    elif kl_mask == "all":
+        W = count
+    else:  # pragma: no cover - internal
+        raise ValueError(f"unknown kl_mask {kl_mask!r}")
+    if ref_logp is not None:
+        ref = _masked(ref_logp.detach(), m, dt)
+        D = k3_kl(lp, ref)
+        kl_rows = (D * m).sum(-1) / length
+        kl_value = float((count * kl_rows.detach()).sum() / total)
+        kl_loss = beta * (W * kl_rows).sum() / total if beta > 0 else lp.new_zeros(())
+        kl_mask_frac = float(W.sum() / total)
+    else:
+        kl_loss = lp.new_zeros(())
+        kl_mask_frac = 0.0
+
+    with torch.no_grad():
+        r = ratio.detach()
+        mf = m.to(dt)
+        above = ((r > 1.0 + clip_eps) & m).to(dt).sum(-1)
+        below = ((r < 1.0 - clip_eps) & m).to(dt).sum(-1)
+        tokens = (count * length).sum()
+        clip_frac = float((n_pos * above + n_neg * below).sum() / tokens)
+        ratio_mean = float((count * (r * mf).sum(-1)).sum() / tokens)
+
+    return LossOutput(
+        loss=policy_loss + kl_loss,
+        policy_loss=policy_loss,
+        kl_loss=kl_loss,
+        kl=kl_value,
+        clip_frac=clip_frac,
+        extra={
+            "kl_mask_frac": kl_mask_frac if beta > 0 else 0.0,
+            "ratio_mean": ratio_mean,
+            "advantage_mean": float((a_pos + a_neg).sum() / total),
         },
     )
 
@@ -454,14 +579,23 @@ def rwr(
 
 
 def _run_spogw(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
+    if b.aggregated:
+        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=c.beta,
+                                       clip_eps=c.clip_eps, kl_mask="positive")
     return spogw(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=c.beta, clip_eps=c.clip_eps)
 
 
 def _run_grpo(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
+    if b.aggregated:
+        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=c.beta,
+                                       clip_eps=c.clip_eps, kl_mask="all")
     return grpo(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=c.beta, clip_eps=c.clip_eps)
 
 
 def _run_grpo_nokl(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
+    if b.aggregated:
+        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=0.0,
+                                       clip_eps=c.clip_eps, kl_mask="all")
     return grpo_nokl(b.logp, b.old_logp, b.mask, b.advantages, clip_eps=c.clip_eps, ref_logp=b.ref_logp)
 
 

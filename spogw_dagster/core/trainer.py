@@ -98,6 +98,24 @@ class TrainConfig(ObjectiveConfig):
                 training passes. Micro-batches keep the rows of one prompt together in both modes (see
                 `_batches`), so a micro-batch of batch_size rows usually holds one or two prompts. With
                 lora_dropout > 0 the rows of one prompt share the prompt's dropout mask.
+    Unique rows: aggregate_unique (default True; spogw / grpo / grpo_nokl only, ignored by score_dpo and rwr).
+                With overlapping groups (the paper's C(16, 14) = 120 groups per query sharpened to 2t = 8
+                rows) the data repeat each of ~12 distinct workflows 10-105 times (~960 rows per query).
+                True trains on one row per distinct (prompt tokens, completion tokens, recorded π_old)
+                carrying A⁺ = Σ of its positive Â, A⁻ = Σ of its negative Â, n⁺ = #groups with Â > 0 (the
+                mKL weight; grpo: all its groups) and count = #rows it stands for; the loss divides by Σ
+                count, i.e. by the number of per-group rows (`core.objectives`, module doc). Proven equal
+                (tests/test_unique_aggregation.py, float64, <= 1e-10): the loss, its gradients and the logged
+                metrics of any set of per-group rows and of its unique rows, and the gradient of an optimizer
+                step (micro-batch losses are weighted by their share of Σ count, not of rows). So the
+                full-data objective (one step over all the data) and the π_old/π_ref numbers are the same;
+                what differs is the batching: an epoch is U unique rows instead of R per-group rows
+                (~R/U = 80x fewer at the paper's setting), so there are fewer optimizer steps per epoch, each
+                micro-batch of batch_size unique rows covers more of the data, and the per-step minibatch
+                noise (which rows share a step) is not the same; lr/epochs tuned for per-group rows may want
+                retuning. π_old, π_ref, the forward and the backward run once per distinct workflow. False
+                trains on the rows as given (the reference path). The stats keep one `examples` entry per
+                input example (each copy reports its workflow's numbers).
 
     Peak memory of one micro-batch (forward + backward) of 1 prompt x m completions, frozen base + LoRA:
 
@@ -143,6 +161,7 @@ class TrainConfig(ObjectiveConfig):
     dtype: str = "float32"
     device: str = "auto"
     shared_prompt: bool = True
+    aggregate_unique: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the objective's fields and seed
@@ -195,10 +214,17 @@ class TrainConfig(ObjectiveConfig):
             raise ConfigError(f"{c}.eval_after={self.eval_after!r}: must be True or False.")
         if not isinstance(self.shared_prompt, bool):
             raise ConfigError(f"{c}.shared_prompt={self.shared_prompt!r}: must be True or False.")
+        if not isinstance(self.aggregate_unique, bool):
+            raise ConfigError(f"{c}.aggregate_unique={self.aggregate_unique!r}: must be True or False.")
         if self.max_completion_tokens is not None:
             req_int("max_completion_tokens", 1)
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16' or 'float16'.")
+
+    @property
+    def aggregates(self) -> bool:
+        """Whether this run trains on unique workflows (aggregate_unique, for the GRPO family)."""
+        return self.aggregate_unique and self.objective in ("spogw", "grpo", "grpo_nokl")
 
     @property
     def logprob_T(self) -> float:
@@ -299,6 +325,34 @@ class _Item:
     ref: list[float] | None = None
     final: list[float] | None = None
     role: str | None = None
+    # a unique-workflow row (`_aggregate`): the indices of the items it stands for and its weights
+    members: list[int] | None = None
+    adv_pos: float = 0.0
+    adv_neg: float = 0.0
+    n_pos: int = 0
+    n_neg: int = 0
+    count: int = 1
+
+
+def _aggregate(items: list[_Item]) -> list[_Item]:
+    """One row per distinct (prompt tokens, completion tokens, recorded π_old) in first-seen order, carrying
+    (A⁺, A⁻, n⁺, n⁻, count) of the rows it stands for (`objectives.unique_advantage_weights`); its `advantage`
+    is A⁺ + A⁻ (the sum, for display). π_old from data is part of the key, so rows are merged only when their
+    loss terms are the same function of the policy."""
+    from dataclasses import replace
+
+    from spogw_dagster.core.objectives import unique_advantage_weights
+
+    by_key: dict[tuple, list[_Item]] = {}
+    for it in items:
+        key = (tuple(it.prompt_ids), tuple(it.completion_ids), None if it.old is None else tuple(it.old))
+        by_key.setdefault(key, []).append(it)
+    out = []
+    for rows in by_key.values():
+        a_pos, a_neg, n_pos, n_neg, count = unique_advantage_weights([r.advantage for r in rows])
+        out.append(replace(rows[0], advantage=a_pos + a_neg, members=[r.idx for r in rows], adv_pos=a_pos,
+                           adv_neg=a_neg, n_pos=n_pos, n_neg=n_neg, count=count))
+    return out
 
 
 def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_Item]:
@@ -441,12 +495,13 @@ def _group_ids(mb: Sequence[_Item]):
     return torch.tensor([seen.setdefault(repr(x.group), len(seen)) for x in mb], dtype=torch.long)
 
 
-def _pad_lists(rows: Sequence[Sequence[float]], width: int):
+def _pad_lists(rows: Sequence[Sequence[float]], width: int, dtype=None):
     import torch
 
-    t = torch.zeros((len(rows), width), dtype=torch.float32)
+    dtype = dtype or torch.float32
+    t = torch.zeros((len(rows), width), dtype=dtype)
     for i, r in enumerate(rows):
-        t[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.float32)
+        t[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
     return t
 
 
@@ -509,16 +564,24 @@ def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, de
     from spogw_dagster.core.objectives import LossBatch, compute_loss
 
     C = logp.shape[1]
+    dt = torch.promote_types(logp.dtype, torch.float32)  # float32 (float64 in the exactness tests)
+
+    def col(vals):
+        return torch.tensor(vals, dtype=dt, device=device)
+
     lb = LossBatch(
         logp=logp,
         mask=mask,
-        old_logp=_pad_lists([x.old for x in mb], C).to(device) if cfg.needs_old else None,
-        ref_logp=_pad_lists([x.ref for x in mb], C).to(device) if cfg.needs_ref else None,
-        advantages=torch.tensor([x.advantage for x in mb], dtype=torch.float32, device=device),
-        scores=torch.tensor([x.score if x.score is not None else 0.0 for x in mb], dtype=torch.float32, device=device),
+        old_logp=_pad_lists([x.old for x in mb], C, dt).to(device) if cfg.needs_old else None,
+        ref_logp=_pad_lists([x.ref for x in mb], C, dt).to(device) if cfg.needs_ref else None,
+        advantages=col([x.advantage for x in mb]),
+        scores=col([x.score if x.score is not None else 0.0 for x in mb]),
         group_ids=_group_ids(mb),
         pairs=_explicit_pairs(mb) if cfg.objective == "score_dpo" else None,
     )
+    if any(x.members is not None for x in mb):  # unique-workflow rows (`_aggregate`)
+        lb.adv_pos, lb.adv_neg = col([x.adv_pos for x in mb]), col([x.adv_neg for x in mb])
+        lb.n_pos, lb.n_neg, lb.count = col([x.n_pos for x in mb]), col([x.n_neg for x in mb]), col([x.count for x in mb])
     return compute_loss(cfg.objective, lb, ocfg or cfg.objective_config())
 
 
@@ -587,12 +650,14 @@ def train_lora(
     model, tok = load_model_and_tokenizer(folder, dtype=cfg.dtype)
     model.to(device)
     items = _tokenize(exs, tok, cfg)
+    rows = _aggregate(items) if cfg.aggregates else items  # what the passes and the optimizer run on
     t0 = time.perf_counter()
-    model = _reference_passes(model, items, prev, cfg, tok.pad_token_id, device)
+    model = _reference_passes(model, rows, prev, cfg, tok.pad_token_id, device)
     precompute_s = time.perf_counter() - t0
     model, params = _trainable_adapter(model, prev, cfg, device)
-    run = _optimize(model, params, items, cfg, tok.pad_token_id, device, log)
-    per_example, moved = _log_prob_shift(model, items, cfg, tok.pad_token_id, device) if cfg.eval_after else ([], {})
+    run = _optimize(model, params, rows, cfg, tok.pad_token_id, device, log)
+    per_example, moved = (_log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items)
+                          if cfg.eval_after else ([], {}))
     stats = {
         "run_hash": run_hash,
         "hashes": hashes,
@@ -600,6 +665,7 @@ def train_lora(
         "base_model": str(folder),
         "previous_adapter": str(prev) if prev is not None else None,
         "n_examples": len(items),
+        "n_train_rows": len(rows),  # unique workflows with aggregate_unique (GRPO family), else n_examples
         "n_trainable_params": sum(p.numel() for p in params),
         "steps": run.steps,
         "summary": {
@@ -748,10 +814,13 @@ def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, 
 
 def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConfig, ocfg: ObjectiveConfig,
                     pad_id: int, device) -> dict[str, Any]:
-    """Gradients of one optimizer step (each micro-batch's loss weighted by its share of the rows), clipped."""
+    """Gradients of one optimizer step (each micro-batch's loss weighted by its share of the rows), clipped.
+
+    A row's share is its `count` (the per-group rows a unique-workflow row stands for; 1 otherwise), so the step
+    averages over the per-group rows it represents, as the loss does within a micro-batch."""
     import torch
 
-    rows_in_step = sum(len(b) for b in group)
+    rows_in_step = sum(x.count for b in group for x in b)
     ts = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     acc: dict[str, float] = {}
@@ -759,7 +828,7 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
     for mb in group:
         logp, cb = _micro_batch_logprobs(model, mb, cfg, pad_id, device)
         res = _micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
-        w = len(mb) / rows_in_step
+        w = sum(x.count for x in mb) / rows_in_step
         (res.loss * w).backward()
         for k, v in res.metrics().items():
             acc[k] = acc.get(k, 0.0) + w * float(v)
@@ -768,7 +837,8 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
         params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
     )
     return {
-        "rows": rows_in_step,
+        "rows": sum(len(b) for b in group),  # rows run (unique workflows when aggregated)
+        "group_rows": rows_in_step,  # per-group rows they stand for (= rows without aggregation)
         "tokens": tokens,
         "grad_norm": float(grad_norm),
         **{k: round(v, 8) for k, v in acc.items()},
@@ -776,11 +846,19 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
     }
 
 
-def _log_prob_shift(model, items: list[_Item], cfg: TrainConfig, pad_id: int, device):
+def _log_prob_shift(model, items: list[_Item], cfg: TrainConfig, pad_id: int, device,
+                    all_items: list[_Item] | None = None):
     """One more no-grad pass: each example's mean log-prob before and after training, and the mean change for
-    positive- and negative-advantage rows. Returns (per-example rows, summary entries)."""
+    positive- and negative-advantage rows. Returns (per-example rows, summary entries). `items` are the rows
+    trained on; with unique-workflow rows, `all_items` are the examples they stand for (one entry each)."""
     model.eval()
     _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False)
+    if all_items is not None and all_items is not items:
+        by_idx = {it.idx: it for it in all_items}
+        for u in items:
+            for i in u.members or [u.idx]:
+                by_idx[i].old, by_idx[i].ref, by_idx[i].final = u.old, u.ref, u.final
+        items = all_items
     per_example: list[dict[str, Any]] = []
     for it in items:
         start = it.old if it.old is not None else it.ref
