@@ -23,7 +23,11 @@ import torch
 
 from spogw_dagster.core.curation import curate
 from spogw_dagster.core.hyperparams import ConfigError, CurationConfig, ObjectiveConfig
-from spogw_dagster.core.objectives import LossBatch, compute_loss, unique_advantage_weights
+from spogw_dagster.core.objectives import (
+    LossBatch,
+    compute_loss,
+    unique_advantage_weights,
+)
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
 
 GRPO_FAMILY = ("spogw", "grpo", "grpo_nokl")
@@ -65,7 +69,7 @@ def _losses(objective: str, groups: list[list[tuple[int, float]]], logp, old, re
     uniq = sorted({w for w, _ in rows})
     weights = [unique_advantage_weights([a for w2, a in rows if w2 == w]) for w in uniq]
     u = torch.tensor(uniq)
-    col = lambda k: torch.tensor([wt[k] for wt in weights], dtype=torch.float64)  # noqa: E731
+    col = lambda k: torch.tensor([wt[k] for wt in weights], dtype=torch.float64)
     agg = LossBatch(logp=logp[u], mask=mask[u], old_logp=old[u], ref_logp=ref[u],
                     adv_pos=col(0), adv_neg=col(1), n_pos=col(2), n_neg=col(3), count=col(4))
     out_agg = compute_loss(objective, agg, cfg)
@@ -178,7 +182,7 @@ def test_unique_weights_and_validation():
 @pytest.fixture(scope="module")
 def tiny():
     """(model config, tokenizer, saved folder) of a tiny random Llama with SmolLM2's tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig
 
     from spogw_dagster.models import load_tokenizer
 
@@ -233,7 +237,12 @@ def test_optimizer_step_gradient_equal_float64(tiny, objective):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from spogw_dagster.core.trainer import _aggregate, _batches, _optimizer_step, _tokenize
+    from spogw_dagster.core.trainer import (
+        _aggregate,
+        _batches,
+        _optimizer_step,
+        _tokenize,
+    )
 
     mcfg, tok = tiny
     torch.manual_seed(0)
@@ -298,7 +307,7 @@ def test_train_lora_first_step_equal(tiny_folder, tiny, tmp_path, objective):
         return score_examples(ex, tiny_folder, temperature=0.7)
 
     ex = _group_examples(tok, score)
-    base = dict(objective=objective, beta=0.2, temperature=0.7, old_logprobs="data", batch_size=4, grad_accum=64,
+    base = dict(objective=objective, beta=0.2, temperature=0.7, old_logprobs="data", batch_size=4, grad_accum=64,  # noqa: C408
                 epochs=1, learning_rate=1e-3, eval_after=True, lora_r=4, lora_alpha=8)
     res = {agg: train_lora(ex, TrainConfig(**base, aggregate_unique=agg), tmp_path / f"{objective}-{agg}",
                            base_model=tiny_folder) for agg in (False, True)}
