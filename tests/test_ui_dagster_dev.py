@@ -8,6 +8,10 @@ DAGSTER_HOME and assets directory) driven by Debian's headless Chromium through 
   The run succeeds (GraphQL), its Parquet file lands in the assets directory with the expected rows, and the
   materialization of partition 0000 shows in the GraphQL API and on the asset's page.
 
+- Staleness: after execution_scores[0000] runs on that partition, rerunning sampled_workflows[0000] with the
+  same config leaves it fresh; rerunning it with another generator seed (launchpad resource config) marks
+  execution_scores[0000] stale, in GraphQL and as "Unsynced" on the partition's page.
+
 - The loop's sensor is RUNNING without anyone starting it (GraphQL and the automation page), and its ticks
   launch nothing while iteration 0000 has not been started or a run is in progress (so the launch above stays
   the only run).
@@ -283,3 +287,87 @@ def test_the_loop_sensor_is_running_and_launches_nothing_on_its_own(dev, browser
         page.screenshot(path=str(ARTIFACTS / "ui_sensor.png"))
         page.close()
         TIMINGS["sensor_s"] = round(time.monotonic() - t0, 1)
+
+
+STALE_QUERY = """
+query Stale($partition: String) {
+  assetNodes(assetKeys: [{path: ["sampled_workflows"]}, {path: ["execution_scores"]}]) {
+    assetKey { path }
+    staleStatus(partition: $partition)
+    staleCauses(partition: $partition) { key { path } partitionKey category reason }
+  }
+}"""
+
+LAUNCH_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+
+RUN_STATUS_QUERY = """
+query Run($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run { status } } }"""
+
+
+def _launch_and_wait(dev, asset: str, run_config: dict | None = None, timeout: float = 480) -> str:
+    """Launch one asset's partition 0000 as the launchpad does (the implicit asset job, the partition tag and,
+    optionally, run config) and wait for it to succeed."""
+    params = {"selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__",
+                           "jobName": "__ASSET_JOB", "assetSelection": [{"path": [asset]}]},
+              "executionMetadata": {"tags": [{"key": "dagster/partition", "value": PARTITION}]},
+              "runConfigData": run_config or {}}
+    res = dev.graphql(LAUNCH_MUTATION, {"params": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    run_id = res["run"]["runId"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = dev.graphql(RUN_STATUS_QUERY, {"runId": run_id})["runOrError"]["status"]
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            break
+        time.sleep(2)
+    assert status == "SUCCESS", f"{asset} run {run_id} ended {status}:\n{dev.log_tail()}"
+    return run_id
+
+
+def _stale(dev) -> dict[str, tuple[str, list[dict]]]:
+    nodes = dev.graphql(STALE_QUERY, {"partition": PARTITION})["assetNodes"]
+    return {n["assetKey"]["path"][-1]: (n["staleStatus"], n["staleCauses"]) for n in nodes}
+
+
+@pytest.mark.timeout(900)
+def test_a_rerun_with_changed_data_shows_its_downstream_unsynced(dev, browser):
+    """execution_scores[0000] on top of the UI-materialized sampled_workflows[0000]: both fresh. Rerunning
+    sampling with the same config reproduces its rows (same data version): still fresh. Rerunning it with
+    another generator seed from the launchpad's resource config (the resolved config the resource carries)
+    changes the rows: execution_scores[0000] is stale because of sampled_workflows[0000]'s new data, in the
+    GraphQL API and as an "Unsynced" marker on the partition's page."""
+    with _screenshots_on_failure(browser, "stale"):
+        t0 = time.monotonic()
+        _launch_and_wait(dev, "execution_scores")
+        assert {a: s for a, (s, _) in _stale(dev).items()} == {"sampled_workflows": "FRESH",
+                                                                "execution_scores": "FRESH"}
+        _launch_and_wait(dev, "sampled_workflows")  # same config and seeds: the same rows
+        assert _stale(dev)["execution_scores"][0] == "FRESH"
+
+        from spogw_dagster.pipeline.settings import load_config
+
+        changed = load_config("ci", overrides={"generator": {"seed": 1}}).model_dump_json()
+        _launch_and_wait(dev, "sampled_workflows",
+                         {"resources": {"pipeline": {"config": {"assets_dir": str(dev.assets),
+                                                                 "config_json": changed}}}})
+        status, causes = _stale(dev)["execution_scores"]
+        assert status == "STALE", causes
+        # the cause: sampled_workflows[0000] "has a new data version"
+        assert any(c["category"] == "DATA" and c["key"]["path"] == ["sampled_workflows"]
+                   and c["partitionKey"] == PARTITION for c in causes), causes
+        # a partitioned asset's graph node does not carry per-partition markers; its partition page does
+        page = _open(browser, dev, f"/assets/execution_scores?view=partitions&partition={PARTITION}")
+        page.get_by_text("Unsynced").first.wait_for()
+        page.wait_for_load_state("networkidle")
+        page.screenshot(path=str(ARTIFACTS / "ui_unsynced.png"))
+        page.close()
+        TIMINGS["stale_s"] = round(time.monotonic() - t0, 1)
