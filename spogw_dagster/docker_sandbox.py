@@ -38,6 +38,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from .fsutil import pid_alive
+
 IMAGE = "spogw-sandbox:latest"
 BASE_REPO = "spogw-sandbox-base"
 SKELETON_LABEL = "org.spogw.skeleton"  # on the image: which host layout it was built for
@@ -285,16 +287,6 @@ def leftover_containers(name_prefix: str = "spogw-") -> list[str]:
     return [n for n in res.stdout.decode().split() if n.startswith(name_prefix)]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_orphans() -> list[str]:
     """Remove our containers whose parent process is gone. A container outlives a parent killed with SIGKILL
     (the client runs in its own session, and bwrap's --die-with-parent has no docker equivalent); one that
@@ -306,7 +298,7 @@ def sweep_orphans() -> list[str]:
     orphans = []
     for line in res.stdout.decode().splitlines():
         name, _, parent = line.partition(" ")
-        if parent.isdigit() and not _alive(int(parent)):
+        if parent.isdigit() and not pid_alive(int(parent)):
             orphans.append(name)
     if orphans:
         docker("rm", "--force", *orphans)

@@ -36,5 +36,5 @@ def test_every_module_that_runs_sandbox_files_declares_them():
 def test_code_versions_follow_config_sections():
     a, b = load_config("ci"), load_config("ci", overrides={"report": {"samples": 3}})
     same = {m.NAME for m in ASSET_MODULES if versions.code_version(m.NAME, a) == versions.code_version(m.NAME, b)}
-    # only the report reads the report section
-    assert same == {m.NAME for m in ASSET_MODULES} - {"benchmark_report"}
+    # only the report and the comparison (scored like the report) read the report section
+    assert same == {m.NAME for m in ASSET_MODULES} - {"benchmark_report", "objective_comparison"}

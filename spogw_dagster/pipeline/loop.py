@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from ..fsutil import pid_alive
 from .storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
 
 INSTANCE_YAML = """\
@@ -184,9 +185,9 @@ def run_loop(
 
 def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO, instance,
                      log_level: str) -> list[IterationOutcome]:
-    from .wiring import build_definitions
     from .partitions import PARTITIONS_NAME, iteration_key
     from .sensors import JOB_NAME
+    from .wiring import build_definitions
 
     store = AssetStore(root)
     own_instance = instance is None
@@ -297,7 +298,7 @@ def _close_interrupted_runs(instance, root: Path) -> list[tuple[str, str]]:
         return closed
     for r in runs:
         pid = r.tags.get("spogw/pid", "")
-        if not pid.isdigit() or int(pid) == os.getpid() or _pid_running(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
             continue
         with contextlib.suppress(Exception):
             instance.report_run_failed(r, message=(
@@ -305,16 +306,6 @@ def _close_interrupted_runs(instance, root: Path) -> list[tuple[str, str]]:
                 f"crashed); the partitions it finished are kept, a later `spogw run` reruns the rest"))
             closed.append((r.run_id, pid))
     return closed
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:
@@ -359,7 +350,6 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
 
     from .partitions import iteration_key
     from .settings import ConfigValidationError, load_config
-    from .wiring import COMPARISON_JOB, build_definitions
 
     cfg = load_config(profile, config_file, {"comparison": {"objectives": objectives}} if objectives else None)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import polars as pl
 
-from ..fsutil import atomic_path
+from ..fsutil import atomic_path, pid_alive
 
 ASSET_NAMES = (
     "sampled_workflows",
@@ -119,16 +119,6 @@ _TEMP_NAME = re.compile(r"^\.(tmp|trash)-")
 _PID_IN_NAME = re.compile(r"-(\d+)-[0-9a-f]{8}$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
-
-
 def sweep_temp_files(root: str | os.PathLike[str]) -> list[Path]:
     """Remove what killed writers left under the assets directory (not the Dagster instance's folder). Call it
     only while holding the assets directory's lock (`loop.assets_dir_lock`): a temp entry of a live writer is
@@ -144,7 +134,7 @@ def sweep_temp_files(root: str | os.PathLike[str]) -> list[Path]:
         for n in list(dirnames):
             if _TEMP_NAME.match(n):
                 m = _PID_IN_NAME.search(n)
-                if m and _pid_alive(int(m.group(1))):
+                if m and (int(m.group(1)) != os.getpid() and pid_alive(int(m.group(1)))):
                     continue
                 shutil.rmtree(d / n, ignore_errors=True)
                 removed.append(d / n)

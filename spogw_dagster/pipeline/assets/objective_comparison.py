@@ -33,6 +33,7 @@ from ..settings import SpogwConfig, deep_merge, parse_config
 from ..storage import AssetStore
 from .benchmark_report import heldout_problems
 from .common import common_metadata, parent_or_fail, say
+from .lora_checkpoint import check_provenance
 
 NAME = "objective_comparison"
 GROUP = "evaluation"
@@ -65,6 +66,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     k = key_to_int(key)
     store = pipeline.store()
     parent = parent_or_fail(store, key)
+    check_provenance(key, parent, sampled_workflows)  # π_old of every method is recomputed from this parent
     rows_sha = candidate_rows_sha256(sampled_workflows, execution_scores)
     frames = (sampled_workflows, execution_scores, sharpened_groups)
     runs = [_train(context, cfg, name, frames, store, key, parent, lora_checkpoint.row(0, named=True))
