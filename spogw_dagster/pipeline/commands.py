@@ -18,7 +18,7 @@ import sys
 
 from ..adapter_files import ADAPTER_WEIGHTS
 
-COMMANDS = ("run", "catalog", "evaluate", "compare", "plan")
+COMMANDS = ("run", "catalog", "evaluate", "compare", "plan", "gc")
 
 
 def add_pipeline_commands(sub) -> None:
@@ -35,6 +35,12 @@ def add_pipeline_commands(sub) -> None:
     run.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
     cat = sub.add_parser("catalog", help="rebuild the DuckDB catalog of the assets directory")
     cat.add_argument("--assets-dir", default=None)
+    gc = sub.add_parser("gc", help="remove adapters and leftovers no partition references",
+                        description="Remove lora_checkpoint adapter folders whose table row is gone, comparison "
+                                    "adapters no objective_comparison table lists, and temp files of killed "
+                                    "writers. Tables and caches are kept.")
+    gc.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
+    gc.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
     ev = sub.add_parser("evaluate", help="score the base model or a LoRA adapter on the validation (or test) split",
                         description="Generate workflows for the split's queries from a policy (greedy and K samples "
                                     "at the training temperature, the report's seeds), execute and score them, and "
@@ -101,6 +107,10 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             return 0
         if args.cmd == "evaluate":
             return evaluate_command(args)
+        if args.cmd == "gc":
+            from .cleanup import gc_command
+
+            return gc_command(args.assets_dir, args.dry_run)
         if args.cmd == "plan":
             from .plan import plan_command
 

@@ -29,7 +29,7 @@ import polars as pl
 from ..settings import SpogwConfig
 from ..partitions import iterations
 from ..versions import code_version
-from .common import frame_data_version
+from .common import frame_data_version, peak_rss_mb, reset_peak_rss
 from . import (
     benchmark_report,
     execution_scores,
@@ -48,15 +48,20 @@ ASSET_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened
 def versioned(compute: Callable[..., Any]) -> Callable[..., Any]:
     """`compute` returning `dg.Output(frame, data_version=<hash of the frame>)`. Dagster reads the parameters
     (names, the `context` annotation) through `functools.wraps`; the return annotation becomes
-    `dg.Output[pl.DataFrame]`, as Dagster requires of a function that returns an Output."""
+    `dg.Output[pl.DataFrame]`, as Dagster requires of a function that returns an Output. The step's peak
+    resident memory (this process: models, trainer, frames; sandboxed children are capped by their cgroups)
+    goes into the metadata as `peak_rss_mb`."""
 
     @functools.wraps(compute)
     def with_data_version(*args: Any, **kwargs: Any) -> Any:
+        measured = reset_peak_rss()  # steps run one after another in one process: this step's own peak
         out = compute(*args, **kwargs)
         if isinstance(out, pl.DataFrame):
+            peak = peak_rss_mb() if measured else None
+            md = {"peak_rss_mb": dg.MetadataValue.float(peak)} if peak is not None else {}
             with warnings.catch_warnings():  # `data_version=` is marked beta in 1.13; it is what the UI reads
                 warnings.simplefilter("ignore", dg.BetaWarning)
-                return dg.Output(out, data_version=frame_data_version(out))
+                return dg.Output(out, metadata=md, data_version=frame_data_version(out))
         return out
 
     returns = dg.Output[pl.DataFrame]

@@ -72,3 +72,26 @@ def frame_data_version(frame: pl.DataFrame) -> dg.DataVersion:
     if f.width and f.height:
         h.update(f.hash_rows(seed=0, seed_1=1, seed_2=2, seed_3=3).to_numpy().tobytes())
     return dg.DataVersion(h.hexdigest()[:24])
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak-RSS counter (Linux: `5` to /proc/self/clear_refs), so the next reading is the
+    peak of what runs after it; False where the kernel does not offer it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set size in MiB since the last reset (VmHWM), None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
