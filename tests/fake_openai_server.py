@@ -21,13 +21,19 @@ The answer to a chat request is `answer_fn(body, n)`; by default "echo: <last me
 Token counts are whitespace word counts (prompt: all message contents; completion: the answer).
 
 Run as a script (`python tests/fake_openai_server.py [--port N]`) it serves instant "ok" replies in
-the foreground and prints `PORT <n>` once listening; the benchmark uses that.
+the foreground and prints `PORT <n>` once listening; the benchmark uses that. A process that can die and be
+restarted on the same port is what the fault matrix uses (tests/faults/test_executor_outage.py):
+`--delay S` (every reply takes S seconds), `--log FILE` (one JSON line per chat request received, appended
+and flushed before it is answered: `{"n": ..., "key": <sha256 of the body>, "ua": <User-Agent>}`), `--die-after N` (the process
+exits at once, without answering, when chat request N + 1 arrives: an endpoint dying mid-call).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
 import threading
 from collections import deque
@@ -98,8 +104,10 @@ def _words(s: Any) -> int:
 class FakeOpenAIServer:
     def __init__(self, model: str = "fake-model", default: Behaviour | str = "ok",
                  answer_fn: Callable[[dict[str, Any], int], str] = default_answer,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0,
+                 on_request: Callable[[dict[str, Any], int, dict[str, str]], None] | None = None) -> None:
         self.model = model
+        self.on_request = on_request  # (body, n, headers) of every chat request, before it is answered
         self.default = as_behaviour(default)
         self.answer_fn = answer_fn
         self._host, self._port = host, port
@@ -186,7 +194,10 @@ class FakeOpenAIServer:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             b = self._queue.popleft() if self._queue else self._default
-            return b, self.request_count
+            n = self.request_count
+        if self.on_request is not None:
+            self.on_request(body, n, headers)
+        return b, n
 
     def _done(self) -> None:
         with self._lock:
@@ -283,8 +294,24 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--model", default="fake-model")
+    ap.add_argument("--delay", type=float, default=0.0, help="every chat reply takes this many seconds")
+    ap.add_argument("--log", default=None, help="append one JSON line per chat request received to this file")
+    ap.add_argument("--die-after", type=int, default=None,
+                    help="exit at once (no reply) when chat request N + 1 arrives")
     args = ap.parse_args(argv)
-    srv = FakeOpenAIServer(model=args.model, port=args.port).start()
+    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115 (lives as long as the server)
+    log_lock = threading.Lock()
+
+    def on_request(body: dict[str, Any], n: int, headers: dict[str, str]) -> None:
+        if args.die_after is not None and n > args.die_after:
+            os._exit(3)  # the endpoint dies mid-call: the client sees its connection dropped
+        if log is not None:
+            key = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+            with log_lock:
+                log.write(json.dumps({"n": n, "key": key, "ua": headers.get("User-Agent", "")}) + "\n")
+                log.flush()
+
+    srv = FakeOpenAIServer(model=args.model, port=args.port, default=ok(args.delay), on_request=on_request).start()
     print(f"PORT {srv.port}", flush=True)
     try:
         # Serve until stdin closes or we are interrupted (the parent kills us or closes the pipe).

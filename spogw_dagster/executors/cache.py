@@ -167,8 +167,8 @@ class CachingExecutor:
 
     `namespace` goes into every key: use it to keep apart endpoints that serve different weights
     under the same model name (e.g. two llama.cpp servers both calling their model "default").
-    Counters: `hits`, `misses` (calls that went to `inner`), `uncacheable` (unseeded sampling,
-    passed straight through), `store_errors`.
+    Counters: `hits`, `misses` (calls that went to `inner`), `failures` (misses that raised: nothing stored),
+    `uncacheable` (unseeded sampling, passed straight through), `store_errors`.
 
     `aclose()` closes `inner` (the wrapper owns it unless `close_inner=False`), never the cache.
     """
@@ -180,6 +180,7 @@ class CachingExecutor:
         self.namespace = namespace
         self.hits = 0
         self.misses = 0
+        self.failures = 0
         self.uncacheable = 0
         self.store_errors = 0
         self._close_inner = close_inner
@@ -218,7 +219,11 @@ class CachingExecutor:
         done = asyncio.Event()
         self._inflight[key] = done
         try:
-            result = await self.inner.chat(messages, params)  # an ExecutorError propagates, nothing stored
+            try:
+                result = await self.inner.chat(messages, params)  # an ExecutorError propagates, nothing stored
+            except BaseException:
+                self.failures += 1
+                raise
             try:
                 self.cache.put(key, result, request)
             except sqlite3.Error as e:

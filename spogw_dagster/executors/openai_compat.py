@@ -10,6 +10,12 @@ a 400/413 saying the request exceeds the model's context (vLLM "maximum context 
 `context_length_exceeded`, llama.cpp server `exceed_context_size_error`) raises `PromptTooLongError`.
 `max_retries` counts retries, so a call makes at most `max_retries + 1` requests.
 
+A dead endpoint fails fast: once one call has used up its retries on refused connections (nothing listens
+at the URL any more), later calls make a single attempt each while the endpoint keeps refusing, instead of
+each waiting out the whole backoff schedule (minutes over a partition's calls, all of them failing); the first
+call that gets through restores the full retry budget. An outage shorter than one call's retry schedule is
+carried by the retries and never reaches this state.
+
 The API key is read once, at construction, from the environment variable named by `api_key_env`;
 it is sent only as the `Authorization` header and scrubbed from every message we produce.
 """
@@ -197,6 +203,10 @@ class OpenAICompatExecutor:
         self.retries = 0
         self.missing_usage_calls = 0  # successful replies without a `usage` field (tokens counted as 0)
         self._warned_missing_usage = False
+        # monotonic time since which the endpoint refuses connections (a call used up its retries on it);
+        # None while it answers. While set, calls make one attempt each (see the module docstring).
+        self.down_since: float | None = None
+        self.fast_failures = 0  # calls that failed after one attempt because the endpoint was down
 
     # ------------------------------------------------------------------ plumbing
 
@@ -353,8 +363,9 @@ class OpenAICompatExecutor:
         t0 = time.perf_counter()
         queued = [0.0]
         attempts = 0
+        down = self.down_since is not None
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
+            stop=stop_after_attempt(1 if down else self.max_retries + 1),
             wait=self._wait,
             retry=retry_if_exception_type(_Retryable),
             before_sleep=self._before_sleep,
@@ -370,6 +381,15 @@ class OpenAICompatExecutor:
                    f"{attempts} attempt{'s' if attempts != 1 else ''}: {e}")
             if e.unreachable:
                 msg += f"; cannot reach executor endpoint at {self.base_url}: {UNREACHABLE_HINT}"
+                if self.down_since is None:
+                    self.down_since = time.monotonic()
+                    if self.max_retries > 0:  # (a fleet's members make one attempt anyway)
+                        log.warning("executor %s refuses connections after %d attempts: later calls fail after "
+                                    "one attempt until it answers again", self.base_url, attempts)
+                elif down:
+                    self.fast_failures += 1
+                    msg += (f" (down for {time.monotonic() - self.down_since:.0f}s: one attempt per call until it "
+                            "answers)")
             err = ExecutorError(self._scrub(msg), status_code=e.status_code, attempts=attempts,
                                 retryable=True, kind=e.kind)
             err.retry_after = e.retry_after  # type: ignore[attr-defined]  # a fleet's backoff honours it
@@ -382,6 +402,7 @@ class OpenAICompatExecutor:
                 f"executor call to {self._chat_url} (model {self.model!r}) failed unexpectedly after "
                 f"{attempts} attempt{'s' if attempts != 1 else ''}: {type(e).__name__}: {e}"),
                 attempts=attempts) from e
+        self.down_since = None
         if not has_usage:
             self.missing_usage_calls += 1
             if not self._warned_missing_usage:

@@ -3,7 +3,10 @@
     sampled_workflows  m_workflows_per_query           every training query has exactly m sampled workflows
     execution_scores   scores_complete                  one score per sampled workflow, in [0, 1]; every non-ok
                                                         status carries its reason (no unexplained missing score)
-    execution_scores   executor_error_rate              executor_error share <= execution.max_executor_error_rate
+    execution_scores   executor_error_rate              executor_error share of the executed workflows <=
+                                                        execution.max_executor_error_rate (the asset itself fails
+                                                        above it and writes nothing, so this passes on any
+                                                        partition written by this code; it flags older ones)
     screened_groups    groups_kept                      at least one group survived screening (WARN: an empty
                                                         iteration carries its parent policy forward)
     lora_checkpoint    loss_finite_and_adapter_reloads  every loss finite; the adapter reloads with peft and its
@@ -72,14 +75,17 @@ def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg
     )
 
 
-@_ck(asset="execution_scores", description="The executor_error rate stays under execution.max_executor_error_rate.")
+@_ck(asset="execution_scores", description="The executor_error share of the executed workflows (parse rejections "
+                                           "never call the executor) stays under "
+                                           "execution.max_executor_error_rate.")
 def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
+    from .assets.execution_scores import executor_error_share
+
     limit = pipeline.config().execution.max_executor_error_rate
-    n = execution_scores.height
-    errors = execution_scores.filter(pl.col("status") == "executor_error").height
-    rate = errors / n if n else 0.0
-    return dg.AssetCheckResult(passed=rate <= limit,
-                               metadata={"executor_errors": errors, "workflows": n, "rate": round(rate, 4),
+    errors, executed, rate = executor_error_share(execution_scores)
+    return dg.AssetCheckResult(passed=errors == 0 or rate <= limit,
+                               metadata={"executor_errors": errors, "executed_workflows": executed,
+                                         "workflows": execution_scores.height, "rate": round(rate, 4),
                                          "threshold": limit})
 
 
