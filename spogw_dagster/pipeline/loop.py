@@ -12,6 +12,13 @@ One writer per assets directory: `spogw run` and `spogw compare --iteration` hol
 refused at once with the holder's pid and what to do; two loops never interleave their partitions. The
 kernel drops the lock when its holder exits, however it exits (SIGKILL included), so a crash never leaves a
 stale lock behind; the pid written into the file is only there to name the holder.
+
+Runs launched any other way (the UI, a backfill, the sensor, `dagster asset materialize`) execute through the
+code location's executor, `locking_in_process_executor`: it takes the same lock for the whole run, waiting for
+it instead of refusing, in iteration order (a backfill's iteration k+1 never goes before iteration k, which it
+samples from). This holds under any DAGSTER_HOME: Dagster's own limits (the run queue's
+`tag_concurrency_limits` in INSTANCE_YAML, or `concurrency: pools:`) are instance configuration, which a code
+location cannot supply, and a run started outside the queue ignores them.
 """
 
 from __future__ import annotations
@@ -65,6 +72,15 @@ def _lock_holder(path: Path) -> dict:
         return {}
 
 
+def _describe_holder(path: Path) -> tuple[int | None, str]:
+    h = _lock_holder(path)
+    pid = h.get("pid")
+    who = (f"pid {pid}" + (f" on {h['host']}" if h.get("host") else "")
+           + (f", `{h['command']}`" if h.get("command") else "")
+           + (f", started {h['started']}" if h.get("started") else "")) if pid else "a process that is starting"
+    return pid, who
+
+
 @contextlib.contextmanager
 def assets_dir_lock(root: Path, command: str = "spogw run"):
     """Hold the exclusive lock of the assets directory `root` for the duration; refuse if another process
@@ -77,11 +93,7 @@ def assets_dir_lock(root: Path, command: str = "spogw run"):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        h = _lock_holder(path)
-        pid = h.get("pid")
-        who = (f"pid {pid}" + (f" on {h['host']}" if h.get("host") else "")
-               + (f", `{h['command']}`" if h.get("command") else "")
-               + (f", started {h['started']}" if h.get("started") else "")) if pid else "a process that is starting"
+        pid, who = _describe_holder(path)
         raise AssetsDirBusyError(
             f"assets directory {root} is locked by another run ({who}; lock file {path}). Two runs on one assets "
             f"directory would interleave their partitions, so this one does not start. Wait for it to finish, "
@@ -97,6 +109,112 @@ def assets_dir_lock(root: Path, command: str = "spogw run"):
             os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+WAITING_DIR = ".spogw-waiting"
+
+
+class IterationLock:
+    """The assets directory's lock (`assets_dir_lock`) for one Dagster run, waited for in line: each waiting run
+    leaves a ticket `<assets>/.spogw-waiting/<partition>.<ns>.<pid>`; only the first live ticket in (partition,
+    arrival) order tries the lock, so waiting iterations go in iteration order. Tickets of dead processes are
+    ignored and removed. `try_acquire()` returns None once held, else why not; `release()` lets go."""
+
+    def __init__(self, root: Path, command: str, key: str | None):
+        self.root = root
+        self.command = command
+        self._dir = root / WAITING_DIR
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self.ticket = self._dir / f"{key or '~'}.{time.time_ns():020d}.{os.getpid()}"
+        self.ticket.write_text(command)
+        self._cm = None
+
+    def _first_in_line(self) -> Path | None:
+        live = []
+        for t in self._dir.iterdir():
+            try:
+                pid = int(t.name.rsplit(".", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            if pid != os.getpid() and not pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    t.unlink()
+                continue
+            live.append(t)
+        return min(live, key=lambda t: t.name.rsplit(".", 1)[0], default=None)
+
+    def try_acquire(self) -> str | None:
+        first = self._first_in_line()
+        if first is not None and first != self.ticket:
+            return f"an earlier iteration waits for it first: {first.read_text(errors='replace') or first.name}"
+        cm = assets_dir_lock(self.root, self.command)
+        try:
+            cm.__enter__()
+        except AssetsDirBusyError:
+            return f"held by {_describe_holder(self.root / LOCK_FILE)[1]}"
+        self._cm = cm
+        with contextlib.suppress(OSError):
+            self.ticket.unlink()
+        return None
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            self.ticket.unlink()
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+
+def locking_in_process_executor(root: Path, poll_s: float = 0.5):
+    """Dagster's in-process executor (same name and config) holding the assets directory's lock for the whole
+    run: a second run on the same assets directory waits (an engine event says for whom) and starts when the
+    first is over. `execute_in_process` (what `spogw run` uses, under its own lock) replaces the job's executor,
+    so it never waits for itself."""
+    import dagster as dg
+    from dagster._core.events import DagsterEvent, EngineEventData
+    from dagster._core.executor.base import Executor
+
+    base = dg.in_process_executor
+
+    class LockingInProcessExecutor(Executor):
+        def __init__(self, inner):
+            self._inner = inner
+
+        @property
+        def retries(self):
+            return self._inner.retries
+
+        @property
+        def step_dependency_config(self):
+            return self._inner.step_dependency_config
+
+        def execute(self, plan_context, execution_plan):
+            run = plan_context.dagster_run
+            key = run.tags.get("dagster/partition")
+            command = f"dagster run {run.run_id} ({run.job_name}" + (f", partition {key}" if key else "") + ")"
+            lock = IterationLock(root, command, key)
+            t0 = time.monotonic()
+            try:
+                told = ""
+                while (why := lock.try_acquire()) is not None:
+                    if why != told:
+                        yield DagsterEvent.engine_event(
+                            plan_context, f"spogw: waiting for the lock of assets directory {root} ({why}): one "
+                            f"run at a time on an assets directory", EngineEventData())
+                        told = why
+                    time.sleep(poll_s)
+                yield DagsterEvent.engine_event(
+                    plan_context, f"spogw: holding the lock of assets directory {root} (waited "
+                    f"{time.monotonic() - t0:.1f} s)", EngineEventData())
+                yield from self._inner.execute(plan_context, execution_plan)
+            finally:
+                lock.release()
+
+    return dg.ExecutorDefinition(
+        name=base.name, config_schema=base.config_schema, requirements=base.get_requirements,
+        executor_creation_fn=lambda init_context: LockingInProcessExecutor(base.executor_creation_fn(init_context)),
+        description="Execute all steps in a single process, holding the assets directory's lock (one run at a "
+                    "time on an assets directory, waiting ones in iteration order).")
 
 
 def ensure_dagster_home(assets_dir: Path) -> Path:

@@ -3,7 +3,10 @@
 `spogw_dagster.definitions` (the code location `workspace.yaml` points at) calls `definitions_from_env()`:
 SPOGW_PROFILE (default tiny) or SPOGW_CONFIG (a YAML file), and SPOGW_ASSETS_DIR (default ./assets).
 Steps run in-process one after another (`in_process_executor`): the assets load models and are chained
-anyway, and on a small CPU machine one process per step would only add start-up time.
+anyway, and on a small CPU machine one process per step would only add start-up time. The executor holds the
+assets directory's lock for the whole run (`loop.locking_in_process_executor`), so runs launched from the UI,
+a backfill or the sensor on one assets directory go one at a time, in iteration order, whatever the instance's
+configuration.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .assets import build_assets
 from .checks import ALL_CHECKS
 from .settings import SpogwConfig, load_config
 from .io_manager import ParquetIOManager
+from .loop import locking_in_process_executor
 from .resources import PipelineResource
 from .sensors import JOB_NAME, build_sensor
 from .storage import ASSET_NAMES, default_assets_dir
@@ -55,7 +59,7 @@ def build_definitions(
         jobs=[job, comparison],
         sensors=[build_sensor(job, cfg.iterations, cfg.hash, running=cfg.loop.sensor)],
         resources={"pipeline": pipeline, "io_manager": ParquetIOManager(assets_dir=str(root))},
-        executor=dg.in_process_executor,
+        executor=locking_in_process_executor(root),
     )
 
 
