@@ -81,8 +81,13 @@ def _describe_holder(path: Path) -> tuple[int | None, str]:
     return pid, who
 
 
+# assets directories whose lock this process holds as an orchestrator (`spogw run`, the container loop): the runs
+# it launches itself through the code location's executor must not wait for it (see IterationLock)
+_ORCHESTRATED_HERE: set[str] = set()
+
+
 @contextlib.contextmanager
-def assets_dir_lock(root: Path, command: str = "spogw run"):
+def assets_dir_lock(root: Path, command: str = "spogw run", *, orchestrator: bool = True):
     """Hold the exclusive lock of the assets directory `root` for the duration; refuse if another process
     holds it (AssetsDirBusyError naming its pid). The file descriptor is close-on-exec, so the sandbox's
     children never inherit (and never keep) the lock."""
@@ -103,8 +108,12 @@ def assets_dir_lock(root: Path, command: str = "spogw run"):
                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
+        if orchestrator:
+            _ORCHESTRATED_HERE.add(str(root.resolve()))
         yield path
     finally:
+        if orchestrator:
+            _ORCHESTRATED_HERE.discard(str(root.resolve()))
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -118,7 +127,9 @@ class IterationLock:
     """The assets directory's lock (`assets_dir_lock`) for one Dagster run, waited for in line: each waiting run
     leaves a ticket `<assets>/.spogw-waiting/<partition>.<ns>.<pid>`; only the first live ticket in (partition,
     arrival) order tries the lock, so waiting iterations go in iteration order. Tickets of dead processes are
-    ignored and removed. `try_acquire()` returns None once held, else why not; `release()` lets go."""
+    ignored and removed. `try_acquire()` returns None once held, else why not; `release()` lets go. A run launched
+    by a process that holds the lock as an orchestrator (`spogw run` with steps in containers calls `execute_job`)
+    goes ahead under its launcher's lock instead of waiting for itself."""
 
     def __init__(self, root: Path, command: str, key: str | None):
         self.root = root
@@ -144,10 +155,14 @@ class IterationLock:
         return min(live, key=lambda t: t.name.rsplit(".", 1)[0], default=None)
 
     def try_acquire(self) -> str | None:
+        if str(self.root.resolve()) in _ORCHESTRATED_HERE:
+            with contextlib.suppress(OSError):
+                self.ticket.unlink()
+            return None
         first = self._first_in_line()
         if first is not None and first != self.ticket:
             return f"an earlier iteration waits for it first: {first.read_text(errors='replace') or first.name}"
-        cm = assets_dir_lock(self.root, self.command)
+        cm = assets_dir_lock(self.root, self.command, orchestrator=False)
         try:
             cm.__enter__()
         except AssetsDirBusyError:

@@ -24,7 +24,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.loop import LOCK_FILE, WAITING_DIR, IterationLock, _failure_message
+from spogw_dagster.pipeline.loop import LOCK_FILE, WAITING_DIR, IterationLock, _failure_message, assets_dir_lock
 from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.storage import AssetStore
 
@@ -161,4 +161,14 @@ def test_waiting_runs_go_in_iteration_order_and_dead_waiters_are_skipped(tmp_pat
     late.release()
     assert not list((root / WAITING_DIR).iterdir())
     assert os.path.exists(root / LOCK_FILE)
+    # a run launched by the process that holds the lock as an orchestrator (the container loop's execute_job)
+    # goes ahead under that lock instead of waiting for itself
+    with assets_dir_lock(root, "spogw run (steps in containers)"):
+        own = IterationLock(root, "dagster run D (0003)", "0003")
+        assert own.try_acquire() is None
+        own.release()
+    after = IterationLock(root, "dagster run E (0004)", "0004")  # released: an ordinary run takes it again
+    assert after.try_acquire() is None
+    after.release()
+    assert not list((root / WAITING_DIR).iterdir())
     record("waiting Dagster runs: iteration order, dead waiter", survived=True, rows_lost=0, rows_duplicated=0)
