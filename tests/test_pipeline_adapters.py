@@ -52,6 +52,7 @@ def test_lora_checkpoint_asset_with_no_training_data_carries_the_base_policy(tmp
     store = AssetStore(tmp_path)
     store.write_parquet("sharpened_groups", "0000", pl.DataFrame(schema=ADVANTAGE_SCHEMA))
     store.write_parquet("sampled_workflows", "0000", pl.DataFrame(schema=tables.SAMPLED_SCHEMA))
+    store.write_parquet("execution_scores", "0000", tables.execution_frame([]))
     defs = build_definitions("ci", assets_dir=tmp_path)
     from spogw_dagster.pipeline.assets import build_assets
 

@@ -498,11 +498,15 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
 def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
     from .wiring import COMPARISON_JOB, build_definitions
 
+    from .partitions import PARTITIONS_NAME
+
     own = instance is None
     if own:
         ensure_dagster_home(root)
         instance = dg.DagsterInstance.get()
     try:
+        if not instance.has_dynamic_partition(PARTITIONS_NAME, key):  # another DAGSTER_HOME than the loop's
+            instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
         job = build_definitions(assets_dir=root, config=cfg).resolve_job_def(COMPARISON_JOB)
         print(f"spogw compare: iteration {key}, methods {', '.join(cfg.comparison.objectives)}", file=out, flush=True)
         t0 = time.monotonic()
