@@ -1,0 +1,441 @@
+"""Steps in containers: the pipeline's steps run by `dagster_docker.docker_executor`, one container per step.
+
+Switch: SPOGW_STEP_EXECUTOR=docker in the environment of the code location (`dagster dev`, a run worker) makes
+`wiring.build_definitions` use `step_executor(root)`; unset or `in_process` keeps the in-process executor. It is
+an environment switch, not a config field, on purpose: where a step runs changes no asset's output, so it stays
+out of the config hash (as `loop:` does) and a switch never makes existing assets stale.
+`python -m spogw_dagster.pipeline.container_steps run --profile ci` runs the loop with it (`spogw run` itself
+uses `execute_in_process`, which always runs steps in-process).
+
+The image (IMAGE) is a skeleton built in seconds with no registry, in the style of docker_sandbox.py: `docker
+import` of a tar holding only this host's top-level layout; the step sees the host's /usr, the interpreter's
+prefix, the repository and its venv read-only at their own paths (so no pip inside a build, and a code change
+needs no rebuild), and read-write, at their own paths: the assets directory (Parquet, adapters, the call cache
+`call_cache.sqlite`, `catalog.duckdb`), the Dagster instance ($DAGSTER_HOME: sqlite run/event storage and
+compute logs) and our cache directory (converted models). So the engine must run on this host. docker/Dockerfile
+is the self-contained image for an engine elsewhere (see docker/README.md).
+
+The sandbox inside a step container is the same bwrap sandbox as on the host (root + setpriv: a fresh uid with
+no capabilities, no_new_privs, new net/pid/ipc/uts/mount namespaces, the seccomp filter of seccomp.py). bwrap
+needs, in the step container: CAP_SYS_ADMIN (namespaces, mounts, pivot_root), CAP_NET_ADMIN (bringing up `lo`
+in the new network namespace) and a seccomp profile that lets mount/umount2/pivot_root/unshare/chroot and clone
+with namespace flags through; Docker's default profile denies pivot_root even with CAP_SYS_ADMIN. So the step
+container runs with exactly those two capabilities added and `step_seccomp_profile()` (seccomp.py's deny list
+minus those five syscalls and the clone flag rules). Generated code never sees these: it runs under bwrap with
+all capabilities dropped and the full filter. The step container itself has no network (`network_mode: none`)
+unless the executor is an HTTP endpoint (then host networking). cgroup limits are unavailable inside (the
+container's cgroupfs is read-only): the sandbox falls back to rlimits there, as it says in its detail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+ENV_SWITCH = "SPOGW_STEP_EXECUTOR"  # in_process (default) | docker
+ENV_IMAGE = "SPOGW_STEP_IMAGE"  # another image (e.g. one built from docker/Dockerfile)
+ENV_MAX_CONCURRENT = "SPOGW_STEP_MAX_CONCURRENT"
+IMAGE = "spogw-steps:latest"
+SKELETON_LABEL = "org.spogw.steps.skeleton"
+STEP_LABEL = "org.spogw.step"  # on every step container: its value is the pid of the orchestrating process
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "spogw_dagster.pipeline.container_steps"  # what the step containers load (`defs`), even under -m
+# Syscalls of seccomp.py's deny list that bwrap itself needs to build the sandbox inside a step container.
+BWRAP_NEEDS = ("mount", "umount2", "pivot_root", "unshare", "chroot")
+# Environment passed through to the steps when set on the host (model/runtime knobs, never credentials).
+_PASS_PREFIXES = ("SPOGW_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH_")
+_PASS_SKIP = {"SPOGW_CACHE_DIR", "SPOGW_ASSETS_DIR"}
+
+
+def mode() -> str:
+    m = (os.environ.get(ENV_SWITCH) or "in_process").strip().lower().replace("-", "_")
+    if m not in {"in_process", "docker"}:
+        from .settings import ConfigValidationError
+
+        raise ConfigValidationError(f"{ENV_SWITCH}={m!r}: expected in_process or docker")
+    return m
+
+
+# ---------------------------------------------------------------- the image
+
+def skeleton_entries() -> list[tuple[str, str, str]]:
+    """The sandbox skeleton's entries, with /sbin as on the host (ctypes finds libseccomp through
+    /sbin/ldconfig) instead of the empty mount point the sandbox keeps for docker-init."""
+    from .. import docker_sandbox
+
+    out = [e for e in docker_sandbox.skeleton_entries() if e[1] not in {"sbin", "sandbox"}]
+    out.append(("link", "sbin", os.readlink("/sbin")) if os.path.islink("/sbin") else ("dir", "sbin", ""))
+    return out
+
+
+def skeleton_digest() -> str:
+    return hashlib.sha256(json.dumps(sorted(skeleton_entries())).encode()).hexdigest()[:16]
+
+
+def _skeleton_tar() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for kind, path, payload in skeleton_entries():
+            info = tarfile.TarInfo(path)
+            if kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, payload
+                tar.addfile(info)
+            elif kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if path == "tmp" else 0o755
+                tar.addfile(info)
+            else:
+                data = payload.encode()
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def image_status() -> tuple[bool, str]:
+    from ..docker_sandbox import _tail, docker
+
+    res = docker("image", "inspect", "--format", f'{{{{index .Config.Labels "{SKELETON_LABEL}"}}}}', IMAGE)
+    if res.returncode != 0:
+        return False, f"image {IMAGE} is missing ({_tail(res)})"
+    if res.stdout.decode().strip() != skeleton_digest():
+        return False, f"image {IMAGE} was built for another host layout"
+    return True, "up to date"
+
+
+def build_image(force: bool = False, log=print) -> str:
+    """IMAGE with no registry and no build: `docker import` of the skeleton (a few hundred bytes). Idempotent."""
+    from ..docker_sandbox import DockerUnavailableError, _tail, docker, engine_answers
+
+    ok, why = engine_answers()
+    if not ok:
+        raise DockerUnavailableError(f"{why}. Fix: start one as root: `dockerd --storage-driver=vfs &`")
+    if not force and image_status()[0]:
+        return f"{IMAGE} is up to date"
+    log(f"importing the step image {IMAGE} (host layout only; /usr, the venv and the repo are bound at run time)")
+    res = docker("import", "--message", "spogw step skeleton", "--change", f"LABEL {SKELETON_LABEL}={skeleton_digest()}",
+                 "--change", f"WORKDIR {REPO}", "-", IMAGE, stdin=_skeleton_tar())
+    if res.returncode != 0:
+        raise DockerUnavailableError(f"docker import of {IMAGE} failed: {_tail(res)}")
+    return f"built {IMAGE}"
+
+
+# ---------------------------------------------------------------- the step container
+
+def step_seccomp_profile() -> dict:
+    """seccomp.py's deny list (Docker's JSON form, as docker_sandbox.seccomp_profile) minus BWRAP_NEEDS and the
+    clone-with-namespace rules: what bwrap needs to build the sandbox, which then applies the full filter."""
+    from .. import docker_sandbox
+
+    prof = docker_sandbox.seccomp_profile()
+    rules = []
+    for r in prof["syscalls"]:
+        if r.get("args") and r["names"] == ["clone"]:
+            continue
+        names = [n for n in r["names"] if n not in BWRAP_NEEDS]
+        if names:
+            rules.append({**r, "names": names})
+    return {**prof, "syscalls": rules}
+
+
+def _ro_paths() -> list[str]:
+    """Host paths each step needs read-only at the same path: /usr (+ real top-level dirs), the interpreter's
+    prefix, the venv, the repository, the dynamic loader's cache, TLS certificates."""
+    from .. import docker_sandbox
+
+    paths = list(docker_sandbox.host_mounts())
+    for p in (sys.prefix, str(REPO), "/etc/ld.so.cache", "/etc/ssl/certs"):
+        if os.path.exists(p) and p not in paths:
+            paths.append(p)
+    return paths
+
+
+def _under(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def step_executor_config(root: Path) -> dict[str, Any]:
+    """The docker_executor's config for the assets directory `root` (see the module docstring)."""
+    from ..paths import cache_dir
+    from .settings import load_config
+
+    root = Path(root).resolve()
+    home = Path(os.environ.get("DAGSTER_HOME") or root / ".dagster").resolve()
+    cache = cache_dir().resolve()
+    rw = [str(root)] + [str(p) for p in (home, cache) if not _under(str(p), [str(root)])]
+    own_image = os.environ.get(ENV_IMAGE)  # a self-contained image (docker/Dockerfile): no host code bound
+    ro = [] if own_image else [p for p in _ro_paths() if p not in rw]
+    cfg_file = os.environ.get("SPOGW_CONFIG")
+    if cfg_file and not _under(str(Path(cfg_file).resolve()), ro + rw):
+        ro.append(str(Path(cfg_file).resolve().parent))
+    env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_PREFIXES) and k not in _PASS_SKIP}
+    env.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root), "DAGSTER_HOME": str(home),
+                "SPOGW_CACHE_DIR": str(cache), "HOME": "/tmp", "PYTHONUNBUFFERED": "1"})
+    if not own_image:  # the step command is `dagster api execute_step ...`: the venv's, through the bind
+        env["PATH"] = f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+    try:  # an HTTP executor needs the network; the embedded one does not
+        needs_net = bool(load_config(os.environ.get("SPOGW_PROFILE") or (None if cfg_file else "tiny"),
+                                     cfg_file).executor.endpoints())
+    except Exception:  # noqa: BLE001 (an unloadable config fails later, in the step, with its own message)
+        needs_net = True
+    volumes = {p: {"bind": p, "mode": "ro"} for p in ro}
+    volumes.update({p: {"bind": p, "mode": "rw"} for p in rw})
+    return {
+        "image": own_image or IMAGE,
+        "env_vars": [f"{k}={v}" for k, v in sorted(env.items())],
+        "max_concurrent": int(os.environ.get(ENV_MAX_CONCURRENT) or 2),
+        "container_kwargs": {
+            "volumes": volumes,
+            "network_mode": "host" if needs_net else "none",
+            "user": "0:0",
+            **({} if own_image else {"working_dir": str(REPO)}),
+            "tmpfs": {"/tmp": "rw,mode=1777"},
+            "cap_add": ["SYS_ADMIN", "NET_ADMIN"],
+            "security_opt": [f"seccomp={json.dumps(step_seccomp_profile())}"],
+            "labels": {STEP_LABEL: str(os.getpid())},
+        },
+    }
+
+
+def step_executor(root: Path):
+    """The docker_executor configured for `root`, or None when SPOGW_STEP_EXECUTOR is not docker."""
+    if mode() != "docker":
+        return None
+    try:
+        from dagster_docker import docker_executor
+    except ImportError as e:
+        from .settings import ConfigValidationError
+
+        raise ConfigValidationError(f"{ENV_SWITCH}=docker needs dagster-docker ({e}). Fix: "
+                                    "pip install -e '.[docker]'") from None
+    return _locking(docker_executor, Path(root).resolve()).configured(step_executor_config(root), name="docker")
+
+
+def _locking(base, root: Path):
+    """`base` holding the assets directory's lock for the whole run, as loop.locking_in_process_executor does
+    for the in-process executor: runs launched from the UI, a backfill or the sensor wait in iteration order;
+    a run this process orchestrates under its own lock (run_loop_in_containers) goes ahead."""
+    import dagster as dg
+    from dagster._core.events import DagsterEvent, EngineEventData
+    from dagster._core.executor.base import Executor
+
+    from .loop import IterationLock
+
+    class LockingStepExecutor(Executor):
+        def __init__(self, inner):
+            self._inner = inner
+
+        @property
+        def retries(self):
+            return self._inner.retries
+
+        @property
+        def step_dependency_config(self):
+            return self._inner.step_dependency_config
+
+        def execute(self, plan_context, execution_plan):
+            run = plan_context.dagster_run
+            key = run.tags.get("dagster/partition")
+            lock = IterationLock(root, f"dagster run {run.run_id} ({run.job_name}, steps in containers"
+                                       + (f", partition {key})" if key else ")"), key)
+            try:
+                told = ""
+                while (why := lock.try_acquire()) is not None:
+                    if why != told:
+                        yield DagsterEvent.engine_event(
+                            plan_context, f"spogw: waiting for the lock of assets directory {root} ({why})",
+                            EngineEventData())
+                        told = why
+                    time.sleep(0.5)
+                yield from self._inner.execute(plan_context, execution_plan)
+            finally:
+                lock.release()
+
+    return dg.ExecutorDefinition(
+        name=base.name, config_schema=base.config_schema, requirements=base.get_requirements,
+        executor_creation_fn=lambda ctx: LockingStepExecutor(base.executor_creation_fn(ctx)),
+        description="Each step in its own Docker container (dagster-docker), holding the assets directory's lock.")
+
+
+# ---------------------------------------------------------------- the loop
+
+_DEFS: dict[tuple, Any] = {}
+
+
+def _lazy_defs():
+    from .wiring import definitions_from_env
+
+    key = tuple(os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_PROFILE", "SPOGW_CONFIG", "SPOGW_ASSETS_DIR"))
+    if key not in _DEFS:
+        _DEFS[key] = definitions_from_env()
+    return _DEFS[key]
+
+
+def _recon_job(job_name: str):
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    repo = ReconstructableRepository.for_module(MODULE, "defs", working_directory=str(REPO))
+    return repo.get_reconstructable_job(job_name)
+
+
+def step_containers(pid: int | None = None) -> list[dict[str, str]]:
+    """Our step containers (of the orchestrating process `pid`): name, id, hostname, exit code, image."""
+    from ..docker_sandbox import docker
+
+    res = docker("ps", "--all", "--filter", f"label={STEP_LABEL}" + (f"={pid}" if pid else ""),
+                 "--format", "{{.ID}}")
+    ids = res.stdout.decode().split() if res.returncode == 0 else []
+    if not ids:
+        return []
+    res = docker("inspect", "--format", "{{json .}}", *ids)
+    out = []
+    for line in res.stdout.decode().splitlines():
+        d = json.loads(line)
+        out.append({"id": d["Id"], "name": d["Name"].lstrip("/"), "hostname": d["Config"]["Hostname"],
+                    "image": d["Config"]["Image"], "exit_code": str(d["State"]["ExitCode"]),
+                    "step": next((e.split("=", 1)[1] for e in d["Config"]["Env"]
+                                  if e.startswith("DAGSTER_RUN_STEP_KEY=")), "")})
+    return out
+
+
+def remove_step_containers(pid: int | None = None) -> int:
+    from ..docker_sandbox import docker
+
+    ids = [c["id"] for c in step_containers(pid)]
+    if ids:
+        docker("rm", "--force", *ids, timeout=120)
+    return len(ids)
+
+
+@contextlib.contextmanager
+def _removing_containers(remove: bool):
+    try:
+        yield
+    finally:  # also when a run raised: no step container of ours outlives the loop
+        if remove:
+            remove_step_containers(os.getpid())
+
+
+def run_loop_in_containers(profile: str | None = None, config_file: str | None = None, iterations: int | None = None,
+                           assets_dir: str | os.PathLike[str] | None = None, force: bool = False,
+                           out: TextIO = sys.stdout, keep_containers: bool = False) -> list[dict[str, Any]]:
+    """`spogw run` with every step in its own container: iteration k = one `execute_job` of the iteration job
+    for partition k, orchestrated here (docker_executor), against the persistent instance of the assets dir.
+    Returns one dict per iteration: key, status, wall_s, run_id, containers (those its steps ran in)."""
+    from .settings import load_config
+    from .storage import default_assets_dir
+
+    cfg = load_config(profile, config_file, {"iterations": iterations} if iterations is not None else None)
+    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    saved = {k: os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE",
+                                            "DAGSTER_HOME")}
+    try:
+        return _run_in_containers(cfg, root, config_file, force, out, keep_containers)
+    finally:  # the step containers read these; leave the caller's environment as it was
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_in_containers(cfg, root: Path, config_file: str | None, force: bool, out: TextIO,
+                       keep_containers: bool) -> list[dict[str, Any]]:
+    import dagster as dg
+
+    from .loop import (
+        _already_reported,
+        _failure_message,
+        assets_dir_lock,
+        ensure_dagster_home,
+        summary_table,
+    )
+    from .partitions import PARTITIONS_NAME, iteration_key
+    from .sensors import JOB_NAME
+    from .storage import AssetStore
+
+    os.environ.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root)})
+    if config_file:
+        os.environ["SPOGW_CONFIG"] = str(Path(config_file).resolve())
+        os.environ.pop("SPOGW_PROFILE", None)
+    else:
+        os.environ["SPOGW_PROFILE"] = cfg.profile
+        os.environ.pop("SPOGW_CONFIG", None)
+    say = lambda m: print(m, file=out, flush=True)
+    if not os.environ.get(ENV_IMAGE):
+        say(build_image(log=say))
+    results: list[dict[str, Any]] = []
+    with assets_dir_lock(root, "spogw run (steps in containers)"):
+        ensure_dagster_home(root)
+        store = AssetStore(root)
+        recon = _recon_job(JOB_NAME)
+        with dg.DagsterInstance.get() as instance, _removing_containers(not keep_containers):
+            for k in range(cfg.iterations):
+                key = iteration_key(k)
+                if not force and _already_reported(store, key, cfg.hash):
+                    say(f"iteration {key}: benchmark_report exists for this config; skipped")
+                    results.append({"key": key, "status": "skipped"})
+                    continue
+                if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
+                    instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
+                say(f"iteration {key}: steps in containers ({os.environ.get(ENV_IMAGE) or IMAGE})")
+                t0 = time.monotonic()
+                result = dg.execute_job(recon, instance, tags={
+                    "dagster/partition": key, "spogw/iteration": key,
+                    "spogw/launched_by": "spogw run (steps in containers)", "spogw/pid": str(os.getpid())},
+                    run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
+                wall = time.monotonic() - t0
+                containers = step_containers(os.getpid())
+                r = {"key": key, "status": "ok" if result.success else "failed", "wall_s": wall,
+                     "run_id": result.run_id, "containers": containers}
+                results.append(r)
+                say(f"iteration {key}: {r['status']} in {wall:.1f} s, {len(containers)} step containers "
+                    f"(run {result.run_id[:8]})")
+                if not keep_containers:
+                    remove_step_containers(os.getpid())
+                if not result.success:
+                    say("  " + _failure_message(result).replace("\n", "\n  "))
+                    break
+        say("")
+        say(summary_table(store, cfg.iterations))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m spogw_dagster.pipeline.container_steps",
+                                description="Steps in containers: build the step image, or run the loop with "
+                                            "every asset step in its own container.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("build-image", help=f"import {IMAGE} (no registry; seconds)")
+    r = sub.add_parser("run", help="the loop, each step in a container (docker_executor)")
+    r.add_argument("--profile", default=None)
+    r.add_argument("--config", default=None)
+    r.add_argument("--iterations", type=int, default=None)
+    r.add_argument("--assets-dir", default=None)
+    r.add_argument("--force", action="store_true")
+    a = p.parse_args(argv)
+    if a.cmd == "build-image":
+        print(build_image())
+        return 0
+    t0 = time.monotonic()
+    res = run_loop_in_containers(a.profile or (None if a.config else "tiny"), a.config, a.iterations,
+                                 a.assets_dir, a.force)
+    print(f"total wall time {time.monotonic() - t0:.1f} s")
+    return 0 if all(r["status"] != "failed" for r in res) else 1
+
+
+def __getattr__(name: str):  # `defs` (what the step containers load) is built on first access, from the env
+    if name == "defs":
+        return _lazy_defs()
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
