@@ -190,7 +190,7 @@ class ExecutionSection(_Section):
     allow_unsandboxed: bool = False
     wall_s: float = Field(180.0, gt=0)
     seed: int = 0
-    max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # the asset check's threshold
+    max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # above it execution_scores fails (writes nothing)
 
 
 class RewardSection(_Section):
