@@ -72,7 +72,8 @@ def skeleton_entries() -> list[tuple[str, str, str]]:
     /sbin/ldconfig) instead of the empty mount point the sandbox keeps for docker-init."""
     from .. import docker_sandbox
 
-    out = [e for e in docker_sandbox.skeleton_entries() if e[1] not in {"sbin", "sandbox"}]
+    drop = {"sbin", docker_sandbox.SANDBOX_DIR_INSIDE.strip("/")}  # no sandbox scripts: bwrap runs inside
+    out = [e for e in docker_sandbox.skeleton_entries() if e[1] not in drop]
     out.append(("link", "sbin", os.readlink("/sbin")) if os.path.islink("/sbin") else ("dir", "sbin", ""))
     return out
 
