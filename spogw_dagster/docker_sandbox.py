@@ -122,9 +122,15 @@ def skeleton_digest() -> str:
 
 
 def skeleton_tar() -> bytes:
+    return tar_of(skeleton_entries())
+
+
+def tar_of(entries) -> bytes:
+    """An uncompressed tar of (kind, path, payload) entries: "dir", "link" (payload: the target) or "file"
+    (payload: its text); `docker import` turns it into an image with no registry."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for kind, path, payload in skeleton_entries():
+        for kind, path, payload in entries:
             info = tarfile.TarInfo(path)
             if kind == "link":
                 info.type, info.linkname = tarfile.SYMTYPE, payload

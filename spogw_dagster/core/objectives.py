@@ -200,6 +200,18 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _check_kl_args(beta: float, clip_eps: float, ref_logp) -> None:
+    if beta < 0:
+        raise ValueError(f"beta={beta} must be >= 0")
+    if not (0 < clip_eps < 1):
+        raise ValueError(f"clip_eps={clip_eps} must be in (0, 1)")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(
+            f"a KL term with beta={beta} needs batch.ref_logp (reference log-probs); "
+            f"set beta=0 or use 'grpo_nokl' to train without a reference"
+        )
+
+
 def _clipped_policy_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -218,15 +230,7 @@ def _clipped_policy_loss(
     _check_2d("old_logp", old_logp, logp.shape)
     _check_2d("ref_logp", ref_logp, logp.shape)
     _check_1d("advantages", advantages, B)
-    if beta < 0:
-        raise ValueError(f"beta={beta} must be >= 0")
-    if not (0 < clip_eps < 1):
-        raise ValueError(f"clip_eps={clip_eps} must be in (0, 1)")
-    if beta > 0 and ref_logp is None:
-        raise ValueError(
-            f"a KL term with beta={beta} needs batch.ref_logp (reference log-probs); "
-            f"set beta=0 or use 'grpo_nokl' to train without a reference"
-        )
+    _check_kl_args(beta, clip_eps, ref_logp)
     dt = _work_dtype(logp)
     lp = _masked(logp, m, dt)
     old = _masked(old_logp.detach(), m, dt) if old_logp is not None else lp.detach()
@@ -308,15 +312,7 @@ def _aggregated_policy_loss(
         if getattr(b, name) is None:
             raise ValueError(f"unique-workflow rows need all of adv_pos, adv_neg, n_pos, n_neg, count; {name} is missing")
         _check_1d(name, getattr(b, name), B)
-    if beta < 0:
-        raise ValueError(f"beta={beta} must be >= 0")
-    if not (0 < clip_eps < 1):
-        raise ValueError(f"clip_eps={clip_eps} must be in (0, 1)")
-    if beta > 0 and ref_logp is None:
-        raise ValueError(
-            f"a KL term with beta={beta} needs batch.ref_logp (reference log-probs); "
-            f"set beta=0 or use 'grpo_nokl' to train without a reference"
-        )
+    _check_kl_args(beta, clip_eps, ref_logp)
     dt = _work_dtype(logp)
     a_pos, a_neg = b.adv_pos.detach().to(dt), b.adv_neg.detach().to(dt)
     n_pos, n_neg, count = b.n_pos.detach().to(dt), b.n_neg.detach().to(dt), b.count.detach().to(dt)

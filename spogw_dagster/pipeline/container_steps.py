@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import io
 import json
 import os
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -83,21 +81,9 @@ def skeleton_digest() -> str:
 
 
 def _skeleton_tar() -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for kind, path, payload in skeleton_entries():
-            info = tarfile.TarInfo(path)
-            if kind == "link":
-                info.type, info.linkname = tarfile.SYMTYPE, payload
-                tar.addfile(info)
-            elif kind == "dir":
-                info.type, info.mode = tarfile.DIRTYPE, 0o1777 if path == "tmp" else 0o755
-                tar.addfile(info)
-            else:
-                data = payload.encode()
-                info.size, info.mode = len(data), 0o644
-                tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    from ..docker_sandbox import tar_of
+
+    return tar_of(skeleton_entries())
 
 
 def image_status() -> tuple[bool, str]:
@@ -220,49 +206,13 @@ def step_executor(root: Path):
 
 
 def _locking(base, root: Path):
-    """`base` holding the assets directory's lock for the whole run, as loop.locking_in_process_executor does
-    for the in-process executor: runs launched from the UI, a backfill or the sensor wait in iteration order;
-    a run this process orchestrates under its own lock (run_loop_in_containers) goes ahead."""
-    import dagster as dg
-    from dagster._core.events import DagsterEvent, EngineEventData
-    from dagster._core.executor.base import Executor
+    """`base` holding the assets directory's lock for the whole run (`loop.locking_executor`): runs launched
+    from the UI, a backfill or the sensor wait in iteration order; a run this process orchestrates under its
+    own lock (run_loop_in_containers) goes ahead."""
+    from .loop import locking_executor
 
-    from .loop import IterationLock
-
-    class LockingStepExecutor(Executor):
-        def __init__(self, inner):
-            self._inner = inner
-
-        @property
-        def retries(self):
-            return self._inner.retries
-
-        @property
-        def step_dependency_config(self):
-            return self._inner.step_dependency_config
-
-        def execute(self, plan_context, execution_plan):
-            run = plan_context.dagster_run
-            key = run.tags.get("dagster/partition")
-            lock = IterationLock(root, f"dagster run {run.run_id} ({run.job_name}, steps in containers"
-                                       + (f", partition {key})" if key else ")"), key)
-            try:
-                told = ""
-                while (why := lock.try_acquire()) is not None:
-                    if why != told:
-                        yield DagsterEvent.engine_event(
-                            plan_context, f"spogw: waiting for the lock of assets directory {root} ({why})",
-                            EngineEventData())
-                        told = why
-                    time.sleep(0.5)
-                yield from self._inner.execute(plan_context, execution_plan)
-            finally:
-                lock.release()
-
-    return dg.ExecutorDefinition(
-        name=base.name, config_schema=base.config_schema, requirements=base.get_requirements,
-        executor_creation_fn=lambda ctx: LockingStepExecutor(base.executor_creation_fn(ctx)),
-        description="Each step in its own Docker container (dagster-docker), holding the assets directory's lock.")
+    return locking_executor(base, root, label="steps in containers", description=(
+        "Each step in its own Docker container (dagster-docker), holding the assets directory's lock."))
 
 
 # ---------------------------------------------------------------- the loop

@@ -186,12 +186,21 @@ def locking_in_process_executor(root: Path, poll_s: float = 0.5):
     first is over. `execute_in_process` (what `spogw run` uses, under its own lock) replaces the job's executor,
     so it never waits for itself."""
     import dagster as dg
+
+    return locking_executor(dg.in_process_executor, root, poll_s=poll_s, description=(
+        "Execute all steps in a single process, holding the assets directory's lock (one run at a time on an "
+        "assets directory, waiting ones in iteration order)."))
+
+
+def locking_executor(base, root: Path, *, label: str = "", description: str = "", poll_s: float = 0.5):
+    """Executor definition `base` (same name and config) whose runs hold the assets directory's lock from the
+    first step to the last, waiting for it in iteration order (`IterationLock`); `label` goes into the holder's
+    description ("steps in containers")."""
+    import dagster as dg
     from dagster._core.events import DagsterEvent, EngineEventData
     from dagster._core.executor.base import Executor
 
-    base = dg.in_process_executor
-
-    class LockingInProcessExecutor(Executor):
+    class LockingExecutor(Executor):
         def __init__(self, inner):
             self._inner = inner
 
@@ -206,8 +215,8 @@ def locking_in_process_executor(root: Path, poll_s: float = 0.5):
         def execute(self, plan_context, execution_plan):
             run = plan_context.dagster_run
             key = run.tags.get("dagster/partition")
-            command = f"dagster run {run.run_id} ({run.job_name}" + (f", partition {key}" if key else "") + ")"
-            lock = IterationLock(root, command, key)
+            what = ", ".join(x for x in (run.job_name, label, f"partition {key}" if key else "") if x)
+            lock = IterationLock(root, f"dagster run {run.run_id} ({what})", key)
             t0 = time.monotonic()
             try:
                 told = ""
@@ -227,9 +236,8 @@ def locking_in_process_executor(root: Path, poll_s: float = 0.5):
 
     return dg.ExecutorDefinition(
         name=base.name, config_schema=base.config_schema, requirements=base.get_requirements,
-        executor_creation_fn=lambda init_context: LockingInProcessExecutor(base.executor_creation_fn(init_context)),
-        description="Execute all steps in a single process, holding the assets directory's lock (one run at a "
-                    "time on an assets directory, waiting ones in iteration order).")
+        executor_creation_fn=lambda init_context: LockingExecutor(base.executor_creation_fn(init_context)),
+        description=description or base.description)
 
 
 def ensure_dagster_home(assets_dir: Path) -> Path:
