@@ -1,6 +1,6 @@
-"""`spogw` command line: execute one workflow, score a static baseline.
+"""`spogw` command line: run the SPOGW loop, compare methods, evaluate a policy, score one workflow or a baseline.
 
-Both use the embedded executor (the bundled SmolLM2 via llama.cpp) unless --executor-url/--executor-model
+exec-workflow and baseline use the embedded executor (the bundled SmolLM2 via llama.cpp) unless --executor-url/--executor-model
 name an OpenAI-compatible endpoint. Generated code always runs in the sandbox; --unsafe-no-sandbox opts out
 explicitly where no sandbox exists.
 """
