@@ -28,6 +28,7 @@ from spogw_dagster.core.trainer import (
     score_examples,
     train_lora,
 )
+from tiny_llama import save_tiny_llama, tiny_llama
 
 PROMPT = "Write the body of a workflow for the task.\nTask: add two numbers.\n"
 # A sharpened group of 4 short workflows: two above the group mean, two below.
@@ -61,30 +62,7 @@ def _tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny random Llama with SmolLM2's tokenizer: fast, for mechanics (not quality)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from spogw_dagster.models import load_tokenizer
-
-    tok = load_tokenizer("smollm2")
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", *tiny_llama())
 
 
 # ---------------------------------------------------------------------------------------------------

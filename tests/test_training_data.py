@@ -20,6 +20,7 @@ from spogw_dagster.core import curation as C
 from spogw_dagster.core.hyperparams import ObjectiveConfig
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
 from spogw_dagster.pipeline import tables
+from tiny_llama import save_tiny_llama, tiny_llama
 
 # ----------------------------------------------------------------------------------------------------------------
 # a fixed candidate set: query "a" scores 1, 0.5, 0 (+ one executor error, which is no candidate), query "b" has
@@ -190,23 +191,9 @@ T_SAMPLE = 0.25
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    """A tiny random Llama with SmolLM2's tokenizer (as tests/test_trainer.py builds it); a larger init scale,
-    so that the temperature visibly changes the log-probs."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from spogw_dagster.models import load_tokenizer
-
-    tok = load_tokenizer("smollm2")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, initializer_range=0.2, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
+    """The tiny random Llama of tests/tiny_llama.py with a larger init scale, so that the temperature visibly
+    changes the log-probs."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", *tiny_llama(initializer_range=0.2))
 
 
 @pytest.fixture(scope="module")

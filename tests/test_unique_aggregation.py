@@ -29,6 +29,7 @@ from spogw_dagster.core.objectives import (
     unique_advantage_weights,
 )
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
+from tiny_llama import save_tiny_llama, tiny_llama
 
 GRPO_FAMILY = ("spogw", "grpo", "grpo_nokl")
 TOL = 1e-10  # float64
@@ -181,29 +182,13 @@ def test_unique_weights_and_validation():
 
 @pytest.fixture(scope="module")
 def tiny():
-    """(model config, tokenizer, saved folder) of a tiny random Llama with SmolLM2's tokenizer."""
-    from transformers import LlamaConfig
-
-    from spogw_dagster.models import load_tokenizer
-
-    tok = load_tokenizer("smollm2")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, initializer_range=0.2)
-    return cfg, tok
+    """(model config, tokenizer) of a tiny random Llama with SmolLM2's tokenizer."""
+    return tiny_llama(initializer_range=0.2)
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tiny, tmp_path_factory) -> Path:
-    from transformers import LlamaForCausalLM
-
-    cfg, tok = tiny
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    LlamaForCausalLM(cfg).save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-    return out
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", *tiny)
 
 
 PROMPTS = ["Write a workflow.\nTask: add two numbers.\n", "Write a workflow.\nTask: sort a list of words.\n"]

@@ -21,14 +21,19 @@ from ..adapter_files import ADAPTER_WEIGHTS
 COMMANDS = ("run", "catalog", "evaluate", "compare", "plan", "gc")
 
 
+def add_config_source(parser, *, prefix: str = "", config_help: str = "YAML config file") -> None:
+    """--profile or --config (one of them): where a command's settings come from."""
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--profile", default=None, help=f"{prefix}tiny (default), ci or paper")
+    src.add_argument("--config", default=None, help=f"{prefix}{config_help}")
+
+
 def add_pipeline_commands(sub) -> None:
     run = sub.add_parser("run", help="run the SPOGW loop (the Dagster assets, in-process, one iteration at a time)",
                          description="Run iterations 0..N-1 of the SPOGW loop in-process against a persistent "
                                      "Dagster instance ($DAGSTER_HOME, default <assets>/.dagster), then print the "
                                      "held-out scores per iteration.")
-    src = run.add_mutually_exclusive_group()
-    src.add_argument("--profile", default=None, help="tiny (default), ci or paper")
-    src.add_argument("--config", default=None, help="YAML config file (may start from `profile: tiny`)")
+    add_config_source(run, config_help="YAML config file (may start from `profile: tiny`)")
     run.add_argument("--iterations", type=int, default=None, help="number of iterations (default: the config's)")
     run.add_argument("--assets-dir", default=None, help="where assets live (default: $SPOGW_ASSETS_DIR or ./assets)")
     run.add_argument("--force", action="store_true", help="rerun iterations whose report already exists")
@@ -47,9 +52,7 @@ def add_pipeline_commands(sub) -> None:
                                     "print valid / executes / trivial rates, mean reward and answer score with 95% "
                                     "intervals, and the paired difference to --compare. Settings (temperature, lr, "
                                     "epochs, d, m, ladder weights) are chosen on the validation split.")
-    src = ev.add_mutually_exclusive_group()
-    src.add_argument("--profile", default=None, help="tiny (default), ci or paper")
-    src.add_argument("--config", default=None, help="YAML config file")
+    add_config_source(ev)
     ev.add_argument("--split", choices=["validation", "test"], default="validation")
     ev.add_argument("--adapter", default=None, help="LoRA adapter folder to score (default: the base model)")
     ev.add_argument("--compare", default=None,
@@ -81,9 +84,7 @@ def add_pipeline_commands(sub) -> None:
     cmp.add_argument("--objectives", default=None,
                      help="comma-separated methods (default: comparison.objectives), e.g. spogw,grpo,score_dpo,rwr,"
                           "spogw_beta0,spogw_ref_previous,spogw_no_screening,spogw_no_sharpening")
-    src = cmp.add_mutually_exclusive_group()
-    src.add_argument("--profile", default=None, help="with --iteration: tiny (default), ci or paper")
-    src.add_argument("--config", default=None, help="with --iteration: YAML config file")
+    add_config_source(cmp, prefix="with --iteration: ")
     cmp.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
     cmp.add_argument("--split", default=None, help="only rows of this split (test or validation)")
     cmp.add_argument("--resamples", type=int, default=2000)

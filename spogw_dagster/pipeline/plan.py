@@ -293,9 +293,9 @@ def add_plan_parser(sub) -> None:
                                    "it holds execution_scores / sampled_workflows), print one iteration's generator "
                                    "samples and tokens, executor calls and tokens, training rows before and after "
                                    "unique-workflow aggregation, and a wall-time estimate on the measured backends.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--profile", default=None, help="tiny (default), ci or paper")
-    src.add_argument("--config", default=None, help="YAML config file")
+    from .commands import add_config_source
+
+    add_config_source(p)
     p.add_argument("--assets-dir", default=None,
                    help="measure calls per workflow and tokens from this assets directory's tables (default: "
                         "$SPOGW_ASSETS_DIR or ./assets, when it holds any)")
