@@ -40,8 +40,10 @@ def _module_file(name: str) -> Path | None:
     return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
 
 
-def _imported_names(path: Path) -> list[str]:
-    """Every module name an import statement in `path` may refer to (`from a import b` gives a and a.b)."""
+@lru_cache(maxsize=None)
+def _imported_names(path: Path) -> tuple[str, ...]:
+    """Every module name an import statement in `path` may refer to (`from a import b` gives a and a.b).
+    Cached: the asset modules' closures share most files, and parsing is what definitions loading pays for."""
     rel = path.relative_to(_ROOT).with_suffix("")
     package = list(rel.parts[:-1])
     names: list[str] = []
@@ -53,7 +55,7 @@ def _imported_names(path: Path) -> list[str]:
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
             names += [base] + [f"{base}.{a.name}" for a in node.names]
-    return names
+    return tuple(names)
 
 
 @lru_cache(maxsize=None)
