@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from ..fsutil import pid_alive
+from .settings import ConfigValidationError
 from .storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
 
 INSTANCE_YAML = """\
@@ -53,13 +54,7 @@ telemetry:
 LOCK_FILE = ".spogw-run.lock"
 
 
-def _config_error_base():
-    from .settings import ConfigValidationError
-
-    return ConfigValidationError
-
-
-class AssetsDirBusyError(_config_error_base()):
+class AssetsDirBusyError(ConfigValidationError):
     """Another `spogw run` (or `spogw compare --iteration`) holds the assets directory's lock. A
     ConfigValidationError, so the CLI prints it as one line and exits with status 2."""
 
