@@ -176,10 +176,10 @@ def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tupl
                 res = await evaluate_jobs([planned[i][1] for i in idx], ex.executor, iso, cfg, seed=seed)
                 for i, r in zip(idx, res):
                     results[i] = r
-            return results, ex.counters()
+            return results, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}
 
     results, counters = asyncio.run(run()) if planned else ([], {"cache_hits": 0, "new_calls": 0,
-                                                                 "uncacheable_calls": 0})
+                                                                 "uncacheable_calls": 0, "failed_calls": 0})
     ladder = Ladder(**cfg.reward.model_dump())
     rows = [tables.heldout_row(iteration, split, hs, r, ladder) for (hs, _), r in zip(planned, results)]
     return tables.heldout_frame(rows), counters
@@ -190,6 +190,13 @@ class Scored:
     heldout: pl.DataFrame
     counters: dict[str, int]
     baselines_cached: list[str]
+    executed: pl.DataFrame  # the rows executed just now (valid workflows; not reused or cached ones)
+
+    def fail_on_outage(self, cfg, *, asset: str, partition_key: str, cache_path) -> None:
+        from .outage import fail_on_outage
+
+        fail_on_outage(cfg, self.executed, self.counters, asset=asset, partition_key=partition_key,
+                       cache_path=cache_path)
 
 
 def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *, iteration: int, split: str,
@@ -218,4 +225,4 @@ def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg
     for system, key in fresh.items():
         store_baseline(root, key, rows.filter(pl.col("system") == system))
     heldout = tables.heldout_frame(pl.concat([rows, *parts], how="vertical_relaxed").to_dicts())
-    return Scored(heldout, counters, cached_names)
+    return Scored(heldout, counters, cached_names, rows.filter(pl.col("valid")))

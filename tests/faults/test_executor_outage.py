@@ -288,3 +288,27 @@ def test_dead_endpoint_fails_fast_after_one_full_retry_schedule():
                for e in errors)
     assert "one attempt per call until it answers" in str(errors[1])
     assert again.attempts == 4 and ex.fast_failures == 2
+
+
+def test_report_on_a_dead_endpoint_fails_and_writes_nothing(undisturbed, tmp_path):
+    """benchmark_report executes held-out workflows too: an outage there fails the step (it must not compare
+    outages instead of policies), writing neither the report nor heldout_results."""
+    from .conftest import copy_assets
+
+    root = copy_assets(undisturbed["root"], tmp_path / "assets")
+    for t in ("benchmark_report", "heldout_results"):
+        (root / t / f"{KEY}.parquet").unlink()
+    ep = Endpoint(tmp_path / "requests.log").start()
+    ep.stop()  # a port that answered once and now refuses
+    res = _materialize(root, tmp_path / "home", ["benchmark_report"], _overrides(ep.url))
+    assert not res.success
+    msg = _failure_message(res)
+    assert msg.startswith("benchmark_report:"), msg
+    for want in (f"failed on the executor at endpoint {ep.url}", "execution.max_executor_error_rate = 0.5",
+                 "nothing written", "rematerialize benchmark_report[0000]", "only the missing calls"):
+        assert want in msg, (want, msg)
+    for t in ("benchmark_report", "heldout_results"):
+        assert not (root / t / f"{KEY}.parquet").exists(), t
+    assert temp_files(root) == []
+    record("executor endpoint dead during benchmark_report", survived=True, asset_failed=True,
+           rows_written_on_failure=0, rows_lost=0, rows_duplicated=0)

@@ -43,6 +43,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     scored = ho.score(pipeline, [this] if reused_prev is not None else [this, prev], problems, cfg, iteration=k,
                       split=cfg.report.split, reused=[reused_prev] if reused_prev is not None else [],
                       say=lambda m: say(context, m))
+    scored.fail_on_outage(cfg, asset=NAME, partition_key=key, cache_path=pipeline.cache_path())
     side = heldout_results.write(store, key, scored.heldout)
     report = tables.summarize_heldout(scored.heldout, iteration=k, config_hash=cfg.hash,
                                       split_ids_sha256=split_info["ids_sha256"],
@@ -79,10 +80,16 @@ def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *
     if not (adapter / ADAPTER_WEIGHTS).is_file():
         raise dg.Failure(f"lora_checkpoint[{key}] points at {adapter}, which holds no adapter; "
                          f"rematerialize lora_checkpoint for {key}")
+    sha = adapter_sha256(adapter)
+    if ckpt.get("adapter_sha256") and sha != ckpt["adapter_sha256"]:
+        raise dg.Failure(f"lora_checkpoint[{key}]'s adapter {adapter / ADAPTER_WEIGHTS} has sha256 {sha[:16]}, not "
+                         f"the {ckpt['adapter_sha256'][:16]} it recorded (damaged or replaced): not scoring it. "
+                         f"Rematerialize lora_checkpoint[{key}] (`spogw run` does, resuming at it), or restore the "
+                         "folder from a backup.", allow_retries=False)
     store = pipeline.store()
     parent = parent_or_fail(store, key)
     k = key_to_int(key)
-    this = ho.Policy(f"spogw@{key}", "checkpoint", adapter, k, adapter_sha256(adapter))
+    this = ho.Policy(f"spogw@{key}", "checkpoint", adapter, k, sha)
     if parent is None:
         return this, ho.Policy("base", "previous"), None
     prev = ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256)

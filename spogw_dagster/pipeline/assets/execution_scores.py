@@ -1,13 +1,9 @@
 """execution_scores(k): every sampled workflow executed R times in the sandbox against the executor and
 scored (reward ladder + benchmark metric); executor calls go through the persistent call cache.
 
-An executor outage fails the asset: when the share of executed workflows (those that reached the sandbox;
-parse rejections never call the executor) whose status is `executor_error` exceeds
-`execution.max_executor_error_rate`, the step raises `dg.Failure` naming the endpoint and the fix, and writes
-nothing (scores of a dead executor are not the workflows' scores). The calls that succeeded are already in the
-call cache, which stores successes only, so the rematerialization after the endpoint is back makes only the
-missing calls. Below the threshold the rows are written with their `executor_error` status and curation
-treats them as unscored."""
+An executor outage fails the asset (`outage.py`: over `execution.max_executor_error_rate` of the executed
+workflows, parse rejections never call the executor). Below the threshold the rows are written with their
+`executor_error` status and curation treats them as unscored."""
 
 import asyncio
 import time
@@ -17,7 +13,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from .. import tables
+from .. import outage, tables
 from ..partitions import key_to_int
 from ..resources import EvalJob, PipelineResource, evaluate_jobs
 from ..rewards import Ladder
@@ -48,7 +44,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     ladder = Ladder(**cfg.reward.model_dump())
     df = tables.execution_frame(
         tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
-    _fail_on_outage(context, pipeline, df, counters)
+    outage.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,
+                          partition_key=context.partition_key, cache_path=pipeline.cache_path())
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),
         "executor": dg.MetadataValue.text(executor_model),
@@ -64,38 +61,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
 def executor_error_share(df: pl.DataFrame) -> tuple[int, int, float]:
     """(executor_error rows, executed rows, their ratio): rows with no run (parse rejections) never called the
     executor and do not count."""
-    executed = df.filter(pl.col("runs") > 0)
-    errors = executed.filter(pl.col("status") == "executor_error").height
-    return errors, executed.height, (errors / executed.height if executed.height else 0.0)
-
-
-def _fail_on_outage(context, pipeline: PipelineResource, df: pl.DataFrame, counters: dict[str, int]) -> None:
-    cfg = pipeline.config()
-    limit = cfg.execution.max_executor_error_rate
-    errors, executed, rate = executor_error_share(df)
-    if errors == 0 or rate <= limit:
-        return
-    urls = cfg.executor.endpoints()
-    where = ("endpoint " + ", ".join(urls)) if len(urls) == 1 else \
-        ("endpoints " + ", ".join(urls)) if urls else "the embedded model"
-    first = df.filter(pl.col("status") == "executor_error")["error"][0]
-    fix = (f"bring {where} back (or set executor.url to a live endpoint) and rematerialize "
-           f"{NAME}[{context.partition_key}]" if urls else
-           f"check the bundled model and rematerialize {NAME}[{context.partition_key}]")
-    raise dg.Failure(
-        description=(
-            f"{NAME}[{context.partition_key}]: {errors}/{executed} executed workflows ({rate:.0%}) failed on the "
-            f"executor at {where}, above execution.max_executor_error_rate = {limit:g}; nothing written "
-            f"(these would not be the workflows' scores). First error: {first[:400]}. Fix: {fix}: the "
-            f"{counters['new_calls'] - counters['failed_calls']} calls that succeeded are kept in the call cache "
-            f"{pipeline.cache_path()}, so only the missing calls are made again. To accept a flaky executor, "
-            f"raise execution.max_executor_error_rate."),
-        metadata={"executor_errors": errors, "executed_workflows": executed, "rate": round(rate, 4),
-                  "threshold": limit, "executor": where,
-                  "executor_new_calls": counters["new_calls"], "executor_failed_calls": counters["failed_calls"],
-                  "executor_cache_hits": counters["cache_hits"]},
-        allow_retries=False,
-    )
+    return outage.executor_error_share(df.filter(pl.col("runs") > 0))
 
 
 def _jobs(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:

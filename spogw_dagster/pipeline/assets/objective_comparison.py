@@ -172,6 +172,7 @@ def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[Met
             policies.append(ho.Policy(r.method, "method", r.adapter, k, r.adapter_sha256))
     scored = ho.score(pipeline, policies, problems, cfg, iteration=k, split=cfg.report.split, reused=reused,
                       say=lambda m: say(context, m))
+    scored.fail_on_outage(cfg, asset=NAME, partition_key=key, cache_path=pipeline.cache_path())
     return scored.heldout
 
 
