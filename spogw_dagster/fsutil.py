@@ -78,12 +78,32 @@ def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (one we may not signal counts as alive)."""
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts as alive). A zombie (killed, not yet
+    reaped by its parent) is dead; with `start` (`process_start`'s value when the pid was recorded), a process
+    that started at another time is a reused pid, also dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stat = _proc_stat(pid)
+    if stat is None:
+        return True  # no /proc: trust the signal
+    return stat[0] != "Z" and (start is None or stat[19] == start)
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, an
+    identity that a reused pid does not share. None where there is no /proc."""
+    stat = _proc_stat(pid)
+    return stat[19] if stat is not None else None
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()  # after "pid (comm) ": state is [0], starttime [19]

@@ -80,7 +80,8 @@ def _records(p: Path, bench: str) -> list[tuple[str, dict[str, Any]]]:
         out = []
         for i, rec in enumerate(data):
             if not isinstance(rec, dict):
-                raise BenchmarkDataError(f"benchmark {bench!r}: {p} item {i} is not a JSON object")
+                raise BenchmarkDataError(f"benchmark {bench!r}: {p} item {i} is not a JSON object; "
+                                         f"expected {FILE_FORMAT}")
             out.append((f"{p} item {i}", rec))
         return out
     return [(f"{p} line {lineno}", rec) for lineno, rec in iter_jsonl(p, bench)]

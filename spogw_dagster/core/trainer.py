@@ -621,6 +621,7 @@ def train_lora(
     previous_adapter: str | os.PathLike[str] | None = None,
     reuse_existing: bool = True,
     log: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> TrainResult:
     """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`.
 
@@ -655,7 +656,7 @@ def train_lora(
     model = _reference_passes(model, rows, prev, cfg, tok.pad_token_id, device)
     precompute_s = time.perf_counter() - t0
     model, params = _trainable_adapter(model, prev, cfg, device)
-    run = _optimize(model, params, rows, cfg, tok.pad_token_id, device, log)
+    run = _optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress)
     per_example, moved = (_log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items)
                           if cfg.eval_after else ([], {}))
     stats = {
@@ -700,7 +701,9 @@ def _finished_run(out: Path, run_hash: str) -> dict[str, Any] | None:
         old_stats = json.loads((out / STATS_FILE).read_text())
     except ValueError:
         return None
-    return old_stats if old_stats.get("run_hash") == run_hash else None
+    if old_stats.get("run_hash") != run_hash or old_stats.get("weights_sha256") != _file_sha(out / ADAPTER_WEIGHTS):
+        return None  # another run, or damaged weights: train again
+    return old_stats
 
 
 def _device(cfg: TrainConfig):
@@ -783,8 +786,10 @@ class _Run:
 
 
 def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, device,
-              log: Callable[[dict[str, Any]], None] | None) -> _Run:
-    """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows."""
+              log: Callable[[dict[str, Any]], None] | None,
+              progress: Callable[[str], None] | None = None) -> _Run:
+    """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows.
+    `progress` gets a line as each step starts and ends (what a watcher, or the fault suite, waits on)."""
     import torch
 
     opt = torch.optim.AdamW(
@@ -800,6 +805,9 @@ def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, 
     t_train = time.perf_counter()
     for epoch, batches in enumerate(epoch_batches):
         for s in range(0, len(batches), cfg.grad_accum):
+            where = f"optimizer step {len(run.steps) + 1}/{total_steps} (epoch {epoch + 1}/{cfg.epochs})"
+            if progress is not None:
+                progress(f"{where} started")
             st = _optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, ocfg, pad_id, device)
             st = {"step": len(run.steps), "epoch": epoch, "lr": sched.get_last_lr()[0], **st}
             opt.step()
@@ -808,6 +816,8 @@ def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, 
             run.steps.append(st)
             if log is not None:
                 log(st)
+            if progress is not None:
+                progress(f"{where} done: loss {st.get('loss', float('nan')):.4g}")
     run.seconds = time.perf_counter() - t_train
     return run
 
@@ -892,6 +902,8 @@ def _save_adapter(model, out: Path, folder: Path, stats: dict[str, Any]) -> None
         missing = [f for f in ADAPTER_FILES if not (tmp / f).is_file()]
         if missing:  # pragma: no cover
             raise RuntimeError(f"peft did not write {missing}")
+        # the weights' hash: an identical later run reuses this folder only while its bytes are intact
+        stats["weights_sha256"] = _file_sha(tmp / ADAPTER_WEIGHTS)
         (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
         replace_dir(tmp, out)
     except BaseException:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from ..adapter_files import ADAPTER_WEIGHTS
@@ -122,12 +123,65 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
         if args.iterations is not None and args.iterations < 1:
             raise ConfigValidationError("--iterations must be >= 1")
-        outcomes = run_loop(args.profile, args.config, args.iterations, args.assets_dir, force=args.force,
-                            log_level=args.log_level.upper())
+        try:
+            outcomes = run_loop(args.profile, args.config, args.iterations, args.assets_dir, force=args.force,
+                                log_level=args.log_level.upper())
+        except Exception as e:  # the Dagster instance's own sqlite writes fail first on a full disk
+            trouble = storage_trouble(args.assets_dir)
+            if trouble is None or isinstance(e, ConfigValidationError) or (
+                    isinstance(e, OSError) and e.errno in STORAGE_ERRNOS):  # those say which file: below
+                raise
+            print(f"spogw: {trouble} (the run stopped at {type(e).__name__}: {str(e).splitlines()[0][:200]})",
+                  file=sys.stderr)
+            return 2
         return 1 if any(o.status == "failed" for o in outcomes) else 0
     except ConfigValidationError as e:
         print(f"spogw: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        print(f"spogw: {storage_error_text(e)}", file=sys.stderr)
+        return 2
+
+
+# the assets directory cannot be written: read-only, full, over quota, or not ours
+STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM}
+
+
+def storage_error_text(e: OSError) -> str:
+    """One line for an assets directory that cannot be written, with the fix; completed partitions are kept
+    (every write is atomic), so the rerun resumes."""
+    fix = {errno.ENOSPC: "free space there (`df -h` it; `spogw gc` removes unreferenced adapters)",
+           errno.EDQUOT: "free space there or raise the quota"}.get(
+        e.errno, "make it writable (mount it read-write, fix its owner or permissions)")
+    return (f"cannot write {e.filename or 'the assets directory'}: {e.strerror}. Fix: {fix}, or pass --assets-dir "
+            "on a writable file system with free space; nothing half-written is left, completed partitions are "
+            "kept, and the rerun resumes where this stopped")
+
+
+def storage_trouble(assets_dir) -> str | None:
+    """Why the assets directory's file system cannot take writes now (read-only, or under 1 MiB free), with the
+    fix; None when it can."""
+    import os
+    from pathlib import Path
+
+    from .storage import default_assets_dir
+
+    p = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        err = OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
+    elif st.f_bavail * st.f_frsize < 1 << 20:
+        err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+    else:
+        return None
+    return storage_error_text(err)
 
 
 def compare_command(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from ..fsutil import pid_alive
+from ..fsutil import pid_alive, process_start
 from .settings import ConfigValidationError
 from .storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
 
@@ -222,9 +222,13 @@ def locking_executor(base, root: Path, *, label: str = "", description: str = ""
                             f"run at a time on an assets directory", EngineEventData())
                         told = why
                     time.sleep(poll_s)
+                # the process executing the run, so that a dead one is found and its run closed
+                # (`close_orphaned_runs`: the sensor, `spogw run`)
+                with contextlib.suppress(Exception):
+                    plan_context.instance.add_run_tags(run.run_id, worker_tags())
                 yield DagsterEvent.engine_event(
                     plan_context, f"spogw: holding the lock of assets directory {root} (waited "
-                    f"{time.monotonic() - t0:.1f} s)", EngineEventData())
+                    f"{time.monotonic() - t0:.1f} s, pid {os.getpid()})", EngineEventData())
                 yield from self._inner.execute(plan_context, execution_plan)
             finally:
                 lock.release()
@@ -310,10 +314,12 @@ def run_loop(
 ) -> list[IterationOutcome]:
     import dagster as dg
 
+    from .resources import check_benchmark_data
     from .settings import load_config
 
     overrides = {"iterations": iterations} if iterations is not None else None
     cfg = load_config(profile, config_file, overrides)
+    check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     with assets_dir_lock(root, "spogw run"):
         return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level)
@@ -334,7 +340,7 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
         home = Path(instance.root_directory) if getattr(instance, "root_directory", None) else None
     defs = build_definitions(assets_dir=root, config=cfg)
     job = defs.resolve_job_def(JOB_NAME)
-    interrupted = _close_interrupted_runs(instance, root)
+    interrupted = close_orphaned_runs(instance)
 
     def say(msg: str) -> None:
         print(msg, file=out, flush=True)
@@ -351,23 +357,27 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
         f"DAGSTER_HOME={home} {source} SPOGW_ASSETS_DIR={root} dagster dev")
     for run_id, pid in interrupted:
         say(f"  run {run_id[:8]} (pid {pid}) ended without finishing (killed?): marked failed in the instance; "
-            "its finished assets are kept, the rest is rerun")
+            "the assets it finished are kept, the rest is rerun")
     outcomes: list[IterationOutcome] = []
     try:
         with _progress_to(out):
             for k in range(cfg.iterations):
                 key = iteration_key(k)
                 if not force and _already_reported(store, key, cfg.hash):
-                    damaged = [a for a in ASSET_NAMES if not store.readable(a, key)]
+                    damaged = damaged_assets(store, key)
                     if not damaged:
                         say(f"iteration {key}: benchmark_report exists for this config; skipped (use --force to rerun)")
                         outcomes.append(IterationOutcome(key, "skipped"))
                         continue
                     say(f"iteration {key}: benchmark_report exists, but {', '.join(f'{a}[{key}]' for a in damaged)} "
-                        "is missing or damaged: rerunning the iteration")
+                        "is missing, damaged or stale: rerunning the iteration from there")
                 if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
                     instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
-                outcomes.append(_run_iteration(job, instance, key, log_level, say))
+                start = 0 if force else resume_index(instance, defs, store, key)
+                if start:
+                    say(f"iteration {key}: {', '.join(ASSET_NAMES[:start])} already materialized with this code and "
+                        f"config (an interrupted run's finished work): resuming at {ASSET_NAMES[start]}")
+                outcomes.append(_run_iteration(job, instance, key, log_level, say, start=start))
                 if outcomes[-1].status == "failed":
                     break
         say("")
@@ -393,13 +403,82 @@ def _progress_to(out: TextIO):
         progress.removeHandler(handler)
 
 
-def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str], None]) -> IterationOutcome:
-    """Materialize one partition of the six assets in-process; print each asset's time and the checks."""
-    say(f"iteration {key}: running {' -> '.join(ASSET_NAMES)}")
+def damaged_assets(store: AssetStore, key: str) -> list[str]:
+    """The assets of iteration `key` whose partition is missing or unreadable, or stale in a way no config hash
+    shows: sampled_workflows sampled from another adapter than the one now at k-1, lora_checkpoint's adapter
+    folder not the one its row records."""
+    from .lineage import adapter_damage
+
+    return [a for a in ASSET_NAMES if not store.readable(a, key)
+            or (a == "sampled_workflows" and not _sampled_from_current_parent(store, key))
+            or (a == "lora_checkpoint" and adapter_damage(store, key) is not None)]
+
+
+def _sampled_from_current_parent(store: AssetStore, key: str) -> bool:
+    import dagster as dg
+
+    from .assets.common import parent_or_fail
+    from .assets.lora_checkpoint import check_provenance
+
+    try:
+        check_provenance(key, parent_or_fail(store, key), store.read_parquet("sampled_workflows", key))
+    except dg.Failure:
+        return False
+    return True
+
+
+def resume_index(instance, defs, store: AssetStore, key: str) -> int:
+    """How many assets of the chain (ASSET_NAMES, in order) iteration `key` can keep: each has a readable
+    partition whose content is the data version its latest materialization in `instance` recorded, made by the
+    current code version (config section and source closure; `versions.py`) from the latest materialization of
+    each of its inputs (Dagster's input event pointers), and sampled_workflows was sampled from the adapter now at k-1. The first
+    that fails this, and everything after it, is rerun. A partition file with no such record (a copied
+    directory, a kill between the file and its event) counts as not materialized."""
+    import dagster as dg
+
+    from .assets.common import frame_data_version
+    from .lineage import adapter_damage
+
+    latest: dict[str, int] = {}  # storage id of each kept asset's latest materialization
+    pointer = "dagster/input_event_pointer/"
+    for i, name in enumerate(ASSET_NAMES):
+        akey = dg.AssetKey(name)
+        if not store.readable(name, key):
+            return i
+        if i == 0 and not _sampled_from_current_parent(store, key):  # the whole iteration is stale
+            return 0
+        frame = store.read_parquet(name, key)
+        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=akey, asset_partitions=[key]),
+                                               limit=1).records
+        if not recs:
+            return i
+        tags = recs[0].asset_materialization.tags or {}
+        if tags.get("dagster/code_version") != defs.get_assets_def(akey).code_versions_by_key.get(akey):
+            return i
+        inputs = {t[len(pointer):]: v for t, v in tags.items() if t.startswith(pointer)}
+        if any(str(latest.get(up)) != v for up, v in inputs.items()):  # made from an older upstream
+            return i
+        recorded = tags.get("dagster/data_version")
+        if recorded is None or frame_data_version(frame).value != recorded:  # the file is what was recorded
+            return i
+        if name == "lora_checkpoint" and adapter_damage(store, key):
+            return i
+        latest[name] = recs[0].storage_id
+    return len(ASSET_NAMES)
+
+
+def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str], None],
+                   start: int = 0) -> IterationOutcome:
+    """Materialize one partition of the six assets (from ASSET_NAMES[start] on) in-process; print each asset's
+    time and the checks."""
+    import dagster as dg
+
+    say(f"iteration {key}: running {' -> '.join(ASSET_NAMES[start:])}")
     t0 = time.monotonic()
     result = job.execute_in_process(
         partition_key=key, instance=instance, raise_on_error=False,
-        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run", "spogw/pid": str(os.getpid())},
+        asset_selection=[dg.AssetKey(a) for a in ASSET_NAMES[start:]] if start else None,
+        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run", **worker_tags()},
         run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
     )
     o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
@@ -413,33 +492,48 @@ def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str],
         + (f" (failed: {', '.join(failed_checks)})" if failed_checks else ""))
     if not result.success:
         o.error = _failure_message(result)
+        if any(t in o.error for t in ("No space left on device", "Read-only file system", "Disk quota exceeded")):
+            o.error += ("\nFix: free space on the assets directory's file system (or pass --assets-dir elsewhere) "
+                        "and run again: completed partitions are kept and the rerun resumes")
         say(f"iteration {key} FAILED after {o.wall_s:.1f} s:\n  " + o.error.replace("\n", "\n  "))
     else:
         say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
     return o
 
 
-def _close_interrupted_runs(instance, root: Path) -> list[tuple[str, str]]:
-    """Runs of `spogw run` the instance still shows as started although their process is gone (SIGKILL, OOM,
-    a lost machine): marked failed with the reason, so the event log explains them. A run whose process is
-    alive is left alone (an instance may be shared by several assets directories)."""
+def worker_tags() -> dict[str, str]:
+    """What identifies the process that executes a run: pid, its start time (a reused pid differs) and host."""
+    pid = os.getpid()
+    return {"spogw/pid": str(pid), "spogw/pid_start": process_start(pid) or "", "spogw/host": socket.gethostname()}
+
+
+def close_orphaned_runs(instance) -> list[tuple[str, str]]:
+    """Runs the instance still shows as started although the process that executed them is gone (SIGKILL, OOM,
+    a lost machine): `spogw run`'s own runs and every run of the code location's executors (the UI, a backfill,
+    the sensor), which record that process in their tags (`worker_tags`). Each is marked failed with the
+    reason, so the event log explains it, the sensor stops waiting for it and the UI can re-execute it from
+    failure. A run whose process is alive, or ran on another host, is left alone. Returns (run id, pid)."""
     import dagster as dg
 
     closed: list[tuple[str, str]] = []
     try:
         runs = instance.get_runs(filters=dg.RunsFilter(
-            statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING],
-            tags={"spogw/launched_by": "spogw run"}))
+            statuses=[dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING]))
     except Exception:  # storage hiccup: this is bookkeeping, never a reason to stop
         return closed
+    host = socket.gethostname()
     for r in runs:
         pid = r.tags.get("spogw/pid", "")
-        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+        if (not pid.isdigit() or int(pid) == os.getpid() or r.tags.get("spogw/host", host) != host
+                or pid_alive(int(pid), r.tags.get("spogw/pid_start") or None)):
             continue
+        who = ("the `spogw run` process" if r.tags.get("spogw/launched_by", "").startswith("spogw run")
+               else "the run worker")
         with contextlib.suppress(Exception):
             instance.report_run_failed(r, message=(
-                f"the `spogw run` process (pid {pid}) that ran this ended before the run finished (killed or "
-                f"crashed); the partitions it finished are kept, a later `spogw run` reruns the rest"))
+                f"{who} (pid {pid}) that executed this run ended before the run finished (killed or crashed); "
+                "the partitions it finished are kept: rerun the rest (`spogw run`, or re-execute from failure "
+                "in the UI)"))
             closed.append((r.run_id, pid))
     return closed
 
@@ -485,9 +579,11 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     import dagster as dg
 
     from .partitions import iteration_key
+    from .resources import check_benchmark_data
     from .settings import ConfigValidationError, load_config
 
     cfg = load_config(profile, config_file, {"comparison": {"objectives": objectives}} if objectives else None)
+    check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     store = AssetStore(root)
     key = iteration_key(iteration)

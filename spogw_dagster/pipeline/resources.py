@@ -51,6 +51,27 @@ def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: 
     return tuple(train), tuple(heldout)
 
 
+def check_benchmark_data(cfg: SpogwConfig) -> None:
+    """Read the benchmark's training and report queries once, before a command writes anything: a missing or
+    malformed data file (wrong top-level type, missing fields, bad encoding, too few queries) is one error naming
+    the file, what is wrong and the fix, instead of a failed first step."""
+    from spogw_dagster.benchmarks import BenchmarkDataError
+    from spogw_dagster.evaluation import split_problems
+
+    from .settings import ConfigValidationError
+
+    b, rep = cfg.benchmark, cfg.report
+    try:
+        _queries(b.name, b.data_path, b.split_seed, b.train_queries, b.heldout_queries)
+        split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else b.validation_queries,
+                       seed=b.split_seed, path=b.data_path)
+    except (BenchmarkDataError, ValueError) as e:
+        fix = ("point benchmark.data_path at the benchmark's standard file (or fix the file); nothing was written"
+               if isinstance(e, BenchmarkDataError) else "lower the count or pick another split; nothing was written")
+        what = str(e) if str(e).startswith("benchmark ") else f"benchmark {b.name!r}: {e}"
+        raise ConfigValidationError(f"{what}. Fix: {fix}") from None
+
+
 class PipelineResource(dg.ConfigurableResource):
     """Pipeline settings: the resolved configuration (profile, YAML file and overrides already merged by
     `load_config`; the UI's launchpad shows it in full) and where materialized assets live."""

@@ -222,6 +222,24 @@ def new_calls(root: Path, partition: str) -> int:
     return total
 
 
+def all_new_calls(root: Path, home: Path | None = None) -> int:
+    """Executor calls (cache misses) of every materialization the instance at `home` (default: the assets
+    directory's own) holds, all partitions, all runs (killed runs' finished assets included)."""
+    import dagster as dg
+    from dagster._core.instance.ref import InstanceRef
+
+    from spogw_dagster.pipeline.storage import ASSET_NAMES
+
+    total = 0
+    with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home or root / ".dagster"))) as inst:
+        for a in ASSET_NAMES:
+            for rec in inst.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(a)), limit=10_000).records:
+                md = rec.asset_materialization.metadata
+                if "executor_new_calls" in md:
+                    total += int(md["executor_new_calls"].value)
+    return total
+
+
 def copy_assets(src: Path, dst: Path) -> Path:
     """A private copy of an assets directory (without its Dagster instance) for one destructive case."""
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".dagster"))

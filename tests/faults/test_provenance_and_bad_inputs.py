@@ -6,7 +6,11 @@ naming the file or field and the fix, and change no partition (hashes as before)
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import dagster as dg
+import polars as pl
 import pytest
 
 from spogw_dagster.pipeline.loop import _failure_message
@@ -15,8 +19,8 @@ from spogw_dagster.pipeline.sensors import JOB_NAME
 from spogw_dagster.pipeline.storage import AssetStore
 from spogw_dagster.pipeline.wiring import build_definitions
 
-from .conftest import (catalog_agrees, copy_assets, record, rows_lost_and_duplicated, table_state, temp_files,
-                       unreadable_partitions)
+from .conftest import (catalog_agrees, copy_assets, record, rows_lost_and_duplicated, spogw, table_state,
+                       temp_files, unreadable_partitions)
 
 pytestmark = [pytest.mark.faults, pytest.mark.model]
 
@@ -48,6 +52,13 @@ def test_training_refuses_samples_from_another_parent_adapter(undisturbed, tmp_p
     w = store.adapter_dir("0000") / "adapter_model.safetensors"
     tensors = load_file(str(w))
     save_file({k: v + 0.01 for k, v in tensors.items()}, str(w))
+    # ... and its row says so, as a rematerialization writes it (a folder its row does not match is *damaged*:
+    # test_damaged_adapter_is_refused_and_spogw_run_retrains_it)
+    from spogw_dagster.pipeline.lineage import adapter_sha256
+
+    row = store.read_parquet("lora_checkpoint", "0000")
+    store.write_parquet("lora_checkpoint", "0000", row.with_columns(
+        adapter_sha256=pl.lit(adapter_sha256(store.adapter_dir("0000")))))
     ref = table_state(root)
     res = _materialize(root, "0001", ["lora_checkpoint"], tmp_path)
     assert not res.success
@@ -96,6 +107,89 @@ def test_damaged_call_cache_is_named_with_the_fix(undisturbed, tmp_path):
     assert f"call cache {root / 'call_cache.sqlite'} cannot be opened" in msg and "delete the file" in msg, msg
     _unchanged_except(root, ref)
     record("corrupt call cache", survived=True, clear_error=True, rows_lost=0, rows_duplicated=0)
+
+
+def test_damaged_adapter_is_refused_and_spogw_run_retrains_it(undisturbed, tmp_path):
+    """lora_checkpoint[0000]'s weights damaged on disk (bytes flipped; the folder still loads as safetensors
+    might not): whatever reads it refuses, naming the file and the fix, and `spogw run` sees the iteration is
+    damaged, resumes at lora_checkpoint (the assets before it are intact, with the instance's records) and
+    retrains it to the same bytes; iteration 0001, which sampled from those bytes, is kept."""
+    from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
+
+    root = tmp_path / "assets"
+    shutil.copytree(undisturbed["root"], root)  # with its Dagster instance: what resuming reads
+    store = AssetStore(root)
+    w = store.adapter_dir("0000") / "adapter_model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-64] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(MissingCheckpointError) as e:  # what sampled_workflows[0001] (and training) would hit
+        parent_checkpoint(store, "0001")
+    msg = str(e.value)
+    assert "lora_checkpoint[0000] is damaged" in msg and str(w) in msg and "Rematerialize lora_checkpoint[0000]" in msg
+    res = _materialize(root, "0000", ["benchmark_report"], tmp_path)  # the report of that checkpoint refuses too
+    assert not res.success
+    msg = _failure_message(res)
+    assert "(damaged or replaced): not scoring it" in msg and str(w) in msg, msg
+
+    run = spogw("run", "--profile", "ci", "--assets-dir", str(root), timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    assert "lora_checkpoint[0000] is missing, damaged or stale: rerunning the iteration from there" in out, out
+    assert "resuming at lora_checkpoint" in out and "iteration 0001: benchmark_report exists" in out, out
+    assert table_state(root) == undisturbed["state"]
+    assert temp_files(root) == []
+    catalog_agrees(root)
+    record("corrupted adapter (lora_checkpoint[0000] weights)", survived=True, clear_error=True,
+           resumed_at="lora_checkpoint", rows_lost=0, rows_duplicated=0)
+
+
+def _malformed(bench: str, kind: str, fx: dict) -> bytes:
+    src = fx[bench].read_text()
+    if kind == "bad encoding":
+        return src.encode("utf-8").replace(b'"', b'\xff"', 1).replace(b"\\xff", b"\xff").replace(
+            b'\xff', bytes([0xFF]), 1)
+    if kind == "wrong top-level type":
+        return {"mbpp": b'"a string"\n', "drop": b"[1, 2]", "hotpotqa": b'{"not": "a list"}'}[bench]
+    if bench == "mbpp":  # missing field
+        rows = [json.loads(x) for x in src.splitlines() if x.strip()]
+        rows[0].pop("test_list")
+        return "".join(json.dumps(r) + "\n" for r in rows).encode()
+    data = json.loads(src)
+    if bench == "drop":
+        next(iter(data.values())).pop("qa_pairs")
+    else:
+        data[0].pop("answer")
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("bench,kind,expect", [
+    ("mbpp", "wrong top-level type", "line 1 is a JSON str, expected a JSON object per line"),
+    ("mbpp", "missing field", "has no field 'test_list'"),
+    ("mbpp", "bad encoding", "is not UTF-8 text"),
+    ("drop", "wrong top-level type", "holds a JSON list; expected DROP JSON"),
+    ("drop", "missing field", "'qa_pairs'"),
+    ("drop", "bad encoding", "is not UTF-8 text"),
+    ("hotpotqa", "wrong top-level type", "holds a JSON dict"),
+    ("hotpotqa", "missing field", "'answer'"),
+    ("hotpotqa", "bad encoding", "is not UTF-8 text"),
+])
+def test_malformed_benchmark_file_is_refused_before_anything_is_written(tmp_path, capsys, bench, kind, expect):
+    from spogw_dagster.benchmarks.fixtures import write_fixtures
+    from spogw_dagster.cli import main
+
+    fx = write_fixtures(tmp_path / "fixtures")
+    bad = tmp_path / fx[bench].name
+    bad.write_bytes(_malformed(bench, kind, fx))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"profile: ci\nbenchmark: {{name: {bench}, data_path: {bad}, train_queries: 1, heldout_queries: 1}}\n")
+    root = tmp_path / "assets"
+    rc = main(["run", "--config", str(cfg), "--assets-dir", str(root)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert f"benchmark {bench!r}" in err and str(bad) in err and expect in err and "Fix:" in err, err
+    assert "Traceback" not in err and not root.exists(), err
+    record(f"malformed {bench} file: {kind}", survived=True, clear_error=True, rows_lost=0, rows_duplicated=0)
 
 
 def test_partition_key_that_is_not_an_iteration(undisturbed, tmp_path):

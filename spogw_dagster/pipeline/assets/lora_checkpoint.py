@@ -116,7 +116,8 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
                  f"(previous adapter: {parent.partition if parent else 'none'})")
     res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
                      previous_adapter=parent.path if parent else None,
-                     log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"))
+                     log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
+                     progress=lambda msg: say(context, msg))
     return res.stats, res.reused
 
 
