@@ -19,13 +19,12 @@
 
 import math
 import warnings
-from pathlib import Path
 
 import dagster as dg
 import polars as pl
 
 from .lineage import adapter_sha256
-from .partitions import iterations
+from .partitions import iteration_key, iterations
 from .resources import PipelineResource
 
 
@@ -109,7 +108,7 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: Pip
     row = lora_checkpoint.row(0, named=True)
     losses = list(row["loss_curve"] or [])
     finite = all(math.isfinite(x) for x in losses)
-    path = Path(row["adapter_path"])
+    path = pipeline.store().adapter_dir(iteration_key(row["iteration"]))  # this assets directory's
     reloads, error = False, ""
     try:
         model, _ = load_model_and_tokenizer(pipeline.config().generator.model, adapter_path=path)

@@ -431,9 +431,10 @@ def resume_index(instance, defs, store: AssetStore, key: str) -> int:
     """How many assets of the chain (ASSET_NAMES, in order) iteration `key` can keep: each has a readable
     partition whose content is the data version its latest materialization in `instance` recorded, made by the
     current code version (config section and source closure; `versions.py`) from the latest materialization of
-    each of its inputs (Dagster's input event pointers), and sampled_workflows was sampled from the adapter now at k-1. The first
-    that fails this, and everything after it, is rerun. A partition file with no such record (a copied
-    directory, a kill between the file and its event) counts as not materialized."""
+    each of its inputs (Dagster's input event pointers); sampled_workflows must have been sampled from the
+    adapter now at k-1, lora_checkpoint's adapter must be the bytes its row records. The first that fails this,
+    and everything after it, is rerun. A partition file with no such record (a copied directory, a kill
+    between the file and its event) counts as not materialized."""
     import dagster as dg
 
     from .assets.common import frame_data_version

@@ -109,22 +109,25 @@ class _suppress:
 # ------------------------------------------------------------------ the data checks
 
 
-def _frame_hash(df: pl.DataFrame, root: Path) -> str:
+def _frame_hash(df: pl.DataFrame, root: Path, also: tuple[Path, ...] = ()) -> str:
     f = df.drop([c for c in df.columns if c in VOLATILE])
     if "metric" in f.columns:
         f = f.filter(~pl.col("metric").is_in(["cached_calls"]))
-    # absolute paths name the assets directory: compare them relative to it
-    f = f.with_columns([pl.col(c).str.replace_all(str(root), "<assets>", literal=True)
-                        for c, t in f.schema.items() if t == pl.String])
+    # absolute paths name the assets directory (or, in rows a copy kept, the one copied): compare them relative
+    for r in (root, *also):
+        f = f.with_columns([pl.col(c).str.replace_all(str(r), "<assets>", literal=True)
+                            for c, t in f.schema.items() if t == pl.String])
     h = hashlib.sha256(repr([(c, str(t)) for c, t in f.schema.items()]).encode())
     if f.width and f.height:  # order-insensitive: the multiset of row hashes
         h.update(sorted(f.hash_rows(seed=0, seed_1=1, seed_2=2, seed_3=3).to_list()).__repr__().encode())
     return h.hexdigest()[:16]
 
 
-def table_state(root: Path, partitions: tuple[str, ...] | None = None) -> dict[str, dict[str, tuple[int, str]]]:
+def table_state(root: Path, partitions: tuple[str, ...] | None = None,
+                also: tuple[Path, ...] = ()) -> dict[str, dict[str, tuple[int, str]]]:
     """{table: {partition: (rows, content hash)}} for every table of the assets directory, plus each
-    adapter's weights hash under lora_checkpoint_adapter."""
+    adapter's weights hash under lora_checkpoint_adapter. `also`: assets directories this one was copied from
+    (their paths in its rows count as its own)."""
     from spogw_dagster.pipeline.catalog import CATALOG_TABLES
     from spogw_dagster.pipeline.storage import AssetStore
 
@@ -134,7 +137,7 @@ def table_state(root: Path, partitions: tuple[str, ...] | None = None) -> dict[s
         for part in store.partitions(t):
             if partitions is None or part in partitions:
                 df = store.read_parquet(t, part)
-                out.setdefault(t, {})[part] = (df.height, _frame_hash(df, store.root))
+                out.setdefault(t, {})[part] = (df.height, _frame_hash(df, store.root, also))
     d = store.table_dir("lora_checkpoint")
     for a in sorted(d.iterdir()) if d.is_dir() else []:
         if a.is_dir() and (partitions is None or a.name in partitions) and (a / "adapter_model.safetensors").is_file():

@@ -137,7 +137,7 @@ def test_damaged_adapter_is_refused_and_spogw_run_retrains_it(undisturbed, tmp_p
     out = run.stdout
     assert "lora_checkpoint[0000] is missing, damaged or stale: rerunning the iteration from there" in out, out
     assert "resuming at lora_checkpoint" in out and "iteration 0001: benchmark_report exists" in out, out
-    assert table_state(root) == undisturbed["state"]
+    assert table_state(root, also=(undisturbed["root"],)) == undisturbed["state"]
     assert temp_files(root) == []
     catalog_agrees(root)
     record("corrupted adapter (lora_checkpoint[0000] weights)", survived=True, clear_error=True,

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
+
 from .conftest import (all_new_calls, cache_rows, catalog_agrees, record, rows_lost_and_duplicated, table_state,
                        temp_files)
 
@@ -91,7 +93,7 @@ def test_killed_run_worker_is_closed_by_the_sensor_and_reexecution_finishes_the_
     t0 = time.monotonic()
     try:
         dev.wait_ready()
-        res = dev.graphql(ADD_PARTITION, {"repo": REPO_SELECTOR, "def": "iterations", "key": "0000"})
+        res = dev.graphql(ADD_PARTITION, {"repo": REPO_SELECTOR, "def": PARTITIONS_NAME, "key": "0000"})
         assert res["addDynamicPartition"]["__typename"] == "AddDynamicPartitionSuccess", res
         params = {"selector": {**REPO_SELECTOR, "jobName": "spogw_iteration"},
                   "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "0000"}]}}

@@ -4,7 +4,6 @@ intervals and the paired difference to π_{k-1} on the same queries and seeds (s
 Long format: one row per system, mode and metric; the per-sample rows go to `heldout_results`."""
 
 import time
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -76,7 +75,7 @@ def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
 def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *, per_policy: int):
     """Checkpoint k, π_{k-1}, and π_{k-1}'s rows from the previous report when they can be reused (same adapter,
     config and sample count), else None."""
-    adapter = Path(ckpt["adapter_path"])
+    adapter = pipeline.store().adapter_dir(key)  # this assets directory's, wherever the row says it was written
     if not (adapter / ADAPTER_WEIGHTS).is_file():
         raise dg.Failure(f"lora_checkpoint[{key}] points at {adapter}, which holds no adapter; "
                          f"rematerialize lora_checkpoint for {key}")

@@ -41,9 +41,9 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharp
     tcfg = cfg.train_config()
     examples, used = tables.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
                                           tcfg.objective_config(), key_to_int(key))
-    write_training_rows(store, key, used)
     out = store.adapter_dir(key)
     stats, reused = _train_or_carry(context, cfg, examples, out, parent)
+    write_training_rows(store, key, used)  # after the adapter: a kill mid-training leaves neither
     row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
                                  "training_rows": dg.MetadataValue.json(_rows_summary(used))})

@@ -119,7 +119,7 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     examples, _ = method_examples(mcfg, cfg, *frames, key_to_int(key))
     common = dict(method=name, objective=tcfg.objective, n_examples=len(examples),
                   examples_sha256=data_hash(examples), seed=tcfg.seed)
-    path = Path(checkpoint["adapter_path"])
+    path = store.adapter_dir(key)  # this assets directory's (the row's path may name where it was written)
     if checkpoint["trained"] and _trained_the_same(path, tcfg, common["examples_sha256"]):
         # the loop trained exactly this at k: same training config, data (hence seed) and parent
         say(context, f"{name}: the loop's lora_checkpoint[{key}] (same config and data)")
