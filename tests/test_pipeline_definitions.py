@@ -88,6 +88,20 @@ def test_parent_checkpoint_lookup(tmp_path):
     p = parent_checkpoint(store, "0001")
     assert p.partition == "0000" and p.iteration == 0 and len(p.sha256) == 64
     assert json.dumps(p.as_metadata())
+    # the table row records other bytes than the folder holds: damaged (or replaced behind the pipeline's back)
+    import hashlib
+
+    import polars as pl
+
+    recorded = hashlib.sha256(b"the weights training wrote").hexdigest()
+    store.write_parquet("lora_checkpoint", "0000", pl.DataFrame({"iteration": [0], "adapter_sha256": [recorded]}))
+    with pytest.raises(MissingCheckpointError) as ei:
+        parent_checkpoint(store, "0001")
+    msg = str(ei.value)
+    assert "lora_checkpoint[0000] is damaged" in msg and f"not the {recorded[:16]}" in msg, msg
+    assert hashlib.sha256(b"weights").hexdigest()[:16] in msg and "Rematerialize lora_checkpoint[0000]" in msg
+    store.write_parquet("lora_checkpoint", "0000", pl.DataFrame({"iteration": [0], "adapter_sha256": [p.sha256]}))
+    assert parent_checkpoint(store, "0001").sha256 == p.sha256  # the bytes it recorded: fine again
 
 
 def test_materializing_iteration_1_without_checkpoint_0_fails_fast_and_writes_nothing(tmp_path):

@@ -145,3 +145,27 @@ def test_duckdb_reader_in_another_process_sees_consistent_partitions(tmp_path):
         rows = [tuple(x) for x in r["rows"]]
         assert rows[0] == (0, 1000, 5000)
         assert rows[1] in allowed, rows
+
+
+def test_pid_alive_sees_zombies_and_reused_pids_as_dead():
+    """What `close_orphaned_runs` relies on: a SIGKILLed worker its parent has not reaped yet (a zombie) is dead,
+    and a live pid whose start time is not the recorded one is another process."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from spogw_dagster.fsutil import pid_alive, process_start
+
+    child = subprocess.Popen(["sleep", "60"])
+    start = process_start(child.pid)
+    assert start is not None and pid_alive(child.pid) and pid_alive(child.pid, start)
+    assert not pid_alive(child.pid, str(int(start) + 1))  # same pid, another start: a reused pid
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(child.pid) and time.monotonic() < deadline:  # not reaped: a zombie until wait()
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)
+    assert open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z"  # still there, as a zombie
+    child.wait()
+    assert not pid_alive(child.pid) and process_start(child.pid) is None
