@@ -13,7 +13,9 @@ prefix, the repository and its venv read-only at their own paths (so no pip insi
 needs no rebuild), and read-write, at their own paths: the assets directory (Parquet, adapters, the call cache
 `call_cache.sqlite`, `catalog.duckdb`), the Dagster instance ($DAGSTER_HOME: sqlite run/event storage and
 compute logs) and our cache directory (converted models). So the engine must run on this host. docker/Dockerfile
-is the self-contained image for an engine elsewhere (see docker/README.md).
+is the self-contained image for an engine elsewhere (`docker/build_image.sh` builds it as spogw:latest; select it
+with SPOGW_STEP_IMAGE=spogw:latest): its steps run the image's own Python, venv and code (at this repository's
+path, checked by own_image_status), and only those three read-write directories are bound.
 
 The sandbox inside a step container is the same bwrap sandbox as on the host (root + setpriv: a fresh uid with
 no capabilities, no_new_privs, new net/pid/ipc/uts/mount namespaces, the seccomp filter of seccomp.py). bwrap
@@ -112,6 +114,23 @@ def build_image(force: bool = False, log=print) -> str:
     if res.returncode != 0:
         raise DockerUnavailableError(f"docker import of {IMAGE} failed: {_tail(res)}")
     return f"built {IMAGE}"
+
+
+def own_image_status(image: str) -> tuple[bool, str]:
+    """A self-contained image (docker/Dockerfile, e.g. spogw:latest) is usable for this repository: it exists and
+    was built with SRC = this repository's path (the code location's working directory, which the steps load
+    their code from; nothing of the host's is bound for such an image)."""
+    from ..docker_sandbox import _tail, docker
+
+    res = docker("image", "inspect", "--format", "{{.Config.WorkingDir}}", image)
+    if res.returncode != 0:
+        return False, (f"image {image} is missing ({_tail(res)}). Fix: docker/build_image.sh (builds spogw:latest "
+                       "from docker/Dockerfile with no registry)")
+    wd = res.stdout.decode().strip()
+    if wd != str(REPO):
+        return False, (f"image {image} was built with SRC={wd or '(none)'}, not this repository ({REPO}): the steps "
+                       "load the code location from that path. Fix: docker/build_image.sh from this checkout")
+    return True, "ok"
 
 
 # ---------------------------------------------------------------- the step container
@@ -237,7 +256,8 @@ def _recon_job(job_name: str):
 
 
 def step_containers(pid: int | None = None) -> list[dict[str, str]]:
-    """Our step containers (of the orchestrating process `pid`): name, id, hostname, exit code, image."""
+    """Our step containers (of the orchestrating process `pid`): name, id, hostname, exit code, status, image,
+    step key, mounts."""
     from ..docker_sandbox import docker
 
     res = docker("ps", "--all", "--filter", f"label={STEP_LABEL}" + (f"={pid}" if pid else ""),
@@ -251,6 +271,9 @@ def step_containers(pid: int | None = None) -> list[dict[str, str]]:
         d = json.loads(line)
         out.append({"id": d["Id"], "name": d["Name"].lstrip("/"), "hostname": d["Config"]["Hostname"],
                     "image": d["Config"]["Image"], "exit_code": str(d["State"]["ExitCode"]),
+                    "status": d["State"]["Status"],
+                    "mounts": [{k: m.get(k) for k in ("Type", "Source", "Destination", "RW")}
+                               for m in d.get("Mounts") or []],
                     "step": next((e.split("=", 1)[1] for e in d["Config"]["Env"]
                                   if e.startswith("DAGSTER_RUN_STEP_KEY=")), "")})
     return out
@@ -263,6 +286,60 @@ def remove_step_containers(pid: int | None = None) -> int:
     if ids:
         docker("rm", "--force", *ids, timeout=120)
     return len(ids)
+
+
+class _Reaper:
+    """Removes our step containers as their steps finish, during a run, and keeps what step_containers said of
+    each. With a self-contained image and the vfs storage driver every container holds a full copy of the image
+    (~2 GB): kept until the end of an iteration, its twelve step containers alone fill a disk; reaped, the disk
+    holds those of the steps running (SPOGW_STEP_MAX_CONCURRENT). A container goes once it has exited with code
+    0 and stayed so for `grace` seconds: its step wrote its last event before exiting, and the executor checks a
+    container's health only while its step has no such event (it reads the event log every fraction of a second;
+    a health check of a removed container would report the step unhealthy). A container that exited non-zero
+    stays for the executor's health check, and goes with the rest after the iteration."""
+
+    def __init__(self, pid: int, grace: float = 10.0, every: float = 2.0):
+        import threading
+
+        self.pid, self.grace, self.every = pid, grace, every
+        self._reaped: list[dict[str, Any]] = []
+        self._seen: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="spogw-step-reaper", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=150)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001, S110 (best effort: whatever is left goes after the iteration)
+                pass
+
+    def sweep(self) -> None:
+        from ..docker_sandbox import docker
+
+        with self._lock:
+            now = time.monotonic()
+            for c in step_containers(self.pid):
+                if c["status"] != "exited" or c["exit_code"] != "0":
+                    continue
+                if (now - self._seen.setdefault(c["id"], now) >= self.grace
+                        and docker("rm", "--force", c["id"], timeout=120).returncode == 0):
+                    self._reaped.append(c)
+
+    def take(self) -> list[dict[str, Any]]:
+        """The step containers since the last take: those reaped and those still there (not reaped meanwhile)."""
+        with self._lock:
+            out, self._reaped = self._reaped + step_containers(self.pid), []
+            return out
 
 
 @contextlib.contextmanager
@@ -279,7 +356,9 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
                            out: TextIO = sys.stdout, keep_containers: bool = False) -> list[dict[str, Any]]:
     """`spogw run` with every step in its own container: iteration k = one `execute_job` of the iteration job
     for partition k, orchestrated here (docker_executor), against the persistent instance of the assets dir.
-    Returns one dict per iteration: key, status, wall_s, run_id, containers (those its steps ran in)."""
+    Returns one dict per iteration: key, status, wall_s, run_id, containers (what step_containers said of those
+    its steps ran in). Step containers are removed as their steps finish (_Reaper) and at the end of each
+    iteration, unless keep_containers (then the caller removes them: remove_step_containers)."""
     from .settings import load_config
     from .storage import default_assets_dir
 
@@ -320,14 +399,21 @@ def _run_in_containers(cfg, root: Path, config_file: str | None, force: bool, ou
         os.environ["SPOGW_PROFILE"] = cfg.profile
         os.environ.pop("SPOGW_CONFIG", None)
     say = lambda m: print(m, file=out, flush=True)
-    if not os.environ.get(ENV_IMAGE):
+    if os.environ.get(ENV_IMAGE):
+        ok, why = own_image_status(os.environ[ENV_IMAGE])
+        if not ok:
+            from ..docker_sandbox import DockerUnavailableError
+
+            raise DockerUnavailableError(why)
+    else:
         say(build_image(log=say))
     results: list[dict[str, Any]] = []
     with assets_dir_lock(root, "spogw run (steps in containers)"):
         ensure_dagster_home(root)
         store = AssetStore(root)
         recon = _recon_job(JOB_NAME)
-        with dg.DagsterInstance.get() as instance, _removing_containers(not keep_containers):
+        reaper = contextlib.nullcontext(None) if keep_containers else _Reaper(os.getpid())
+        with dg.DagsterInstance.get() as instance, _removing_containers(not keep_containers), reaper as reaped:
             for k in range(cfg.iterations):
                 key = iteration_key(k)
                 if not force and _already_reported(store, key, cfg.hash):
@@ -343,7 +429,7 @@ def _run_in_containers(cfg, root: Path, config_file: str | None, force: bool, ou
                     "spogw/launched_by": "spogw run (steps in containers)", "spogw/pid": str(os.getpid())},
                     run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
                 wall = time.monotonic() - t0
-                containers = step_containers(os.getpid())
+                containers = reaped.take() if reaped else step_containers(os.getpid())
                 r = {"key": key, "status": "ok" if result.success else "failed", "wall_s": wall,
                      "run_id": result.run_id, "containers": containers}
                 results.append(r)
