@@ -11,7 +11,7 @@
 #                                   context = the files the Dockerfile copies (not .venv, assets, ...), SRC = this repo
 # Starts `dockerd --storage-driver=vfs` (as root) when no engine answers, and leaves it running (the step
 # containers need it). The build stage is kept as local/spogw-build:latest (the layer cache for a rebuild after a
-# code change; with the vfs driver every layer is a full copy, ~20 GB in all): --drop-build-stage removes it.
+# code change; with the vfs driver every layer is a full copy, ~15 GB in all): --drop-build-stage removes it.
 # Usage: docker/build_image.sh [--rebuild-base] [--no-cache] [--drop-build-stage]
 # Environment: SPOGW_IMAGE (default spogw:latest), DEBIAN_MIRROR (default http://deb.debian.org/debian).
 set -euo pipefail
