@@ -38,3 +38,27 @@ def test_code_versions_follow_config_sections():
     same = {m.NAME for m in ASSET_MODULES if versions.code_version(m.NAME, a) == versions.code_version(m.NAME, b)}
     # only the report and the comparison (scored like the report) read the report section
     assert same == {m.NAME for m in ASSET_MODULES} - {"benchmark_report", "objective_comparison"}
+
+
+def test_an_installed_wheel_covers_the_sandbox_scripts_too(tmp_path):
+    """A non-editable install has no `sandbox/` beside the package: the scripts ship as `spogw_sandbox`. The
+    code version must still cover them (it once globbed the missing folder and covered nothing)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = PKG.parent
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(tmp_path / "whl"), str(root)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = (tmp_path / "whl").glob("spogw_dagster-*.whl")
+    zipfile.ZipFile(wheel).extractall(tmp_path / "site")
+    code = ("import spogw_dagster; from spogw_dagster.pipeline import versions as v; "
+            "print(spogw_dagster.__file__); print(v.sandbox_dir()); "
+            "print(' '.join(v._label(p) for p in v.asset_files('execution_scores')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    pkg_file, sandbox, labels = out.stdout.splitlines()
+    assert pkg_file.startswith(str(tmp_path / "site")) and sandbox == str(tmp_path / "site" / "spogw_sandbox")
+    assert {"sandbox/runner.py", "sandbox/solution_host.py", "sandbox/test_host.py"} <= set(labels.split())

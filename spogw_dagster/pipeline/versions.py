@@ -22,12 +22,32 @@ _PKG = Path(__file__).resolve().parent.parent  # spogw_dagster/
 _ROOT = _PKG.parent
 _NAME = _PKG.name
 
-# Files a module reads and runs in another process rather than importing (the sandbox's own scripts).
+# Files a module reads and runs in another process rather than importing: the sandbox's own scripts, as globs
+# in the sandbox folder (`sandbox/` of a checkout, installed as the package `spogw_sandbox`).
 RUNTIME_FILES: dict[str, str] = {
-    "isolation.py": "sandbox/*.py",
-    "docker_sandbox.py": "sandbox/*",
-    "benchmarks/verdict.py": "sandbox/*.py",
+    "isolation.py": "*.py",
+    "docker_sandbox.py": "*",
+    "benchmarks/verdict.py": "*.py",
 }
+
+
+@lru_cache(maxsize=None)
+def sandbox_dir() -> Path:
+    """Where the sandbox's scripts are: the installed `spogw_sandbox` package (found without importing it) in a
+    wheel install, else `sandbox/` beside the package (a source checkout). A non-editable install has no
+    `sandbox/` beside site-packages' spogw_dagster, so globbing there found nothing and the code versions
+    missed the sandbox runner."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("spogw_sandbox")
+    locs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locs[0]).resolve() if locs else _ROOT / "sandbox"
+
+
+def _label(p: Path) -> str:
+    """A file's name in the hash: the same whether the sandbox is a checkout's folder or an installed package."""
+    sb = sandbox_dir()
+    return f"sandbox/{p.relative_to(sb)}" if p.is_relative_to(sb) else str(p.relative_to(_ROOT))
 
 
 def _module_file(name: str) -> Path | None:
@@ -80,7 +100,7 @@ def asset_files(asset: str) -> list[Path]:
     files = [_PKG / f for f in import_closure(f"{_NAME}.pipeline.assets.{asset}")]
     for rel in import_closure(f"{_NAME}.pipeline.assets.{asset}"):
         if rel in RUNTIME_FILES:
-            files += sorted(p for p in _ROOT.glob(RUNTIME_FILES[rel]) if p.is_file())
+            files += sorted(p for p in sandbox_dir().glob(RUNTIME_FILES[rel]) if p.is_file())
     return sorted(set(files))
 
 
@@ -88,7 +108,7 @@ def asset_files(asset: str) -> list[Path]:
 def source_hash(asset: str) -> str:
     h = hashlib.sha256()
     for p in asset_files(asset):
-        h.update(str(p.relative_to(_ROOT)).encode())
+        h.update(_label(p).encode())
         h.update(p.read_bytes())
     return h.hexdigest()
 
