@@ -145,8 +145,9 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         return 2
 
 
-# the assets directory cannot be written: read-only, full, over quota, or not ours
-STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM}
+# a file cannot be written: read-only, full, over quota, or not ours (EPERM is left alone: the sandbox's own
+# refusals are not storage problems)
+STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES}
 
 
 def storage_error_text(e: OSError) -> str:
@@ -155,7 +156,8 @@ def storage_error_text(e: OSError) -> str:
     fix = {errno.ENOSPC: "free space there (`df -h` it; `spogw gc` removes unreferenced adapters)",
            errno.EDQUOT: "free space there or raise the quota"}.get(
         e.errno, "make it writable (mount it read-write, fix its owner or permissions)")
-    return (f"cannot write {e.filename or 'the assets directory'}: {e.strerror}. Fix: {fix}, or pass --assets-dir "
+    verb = "access" if e.errno == errno.EACCES else "write"
+    return (f"cannot {verb} {e.filename or 'the assets directory'}: {e.strerror}. Fix: {fix}, or pass --assets-dir "
             "on a writable file system with free space; nothing half-written is left, completed partitions are "
             "kept, and the rerun resumes where this stopped")
 
