@@ -5,7 +5,8 @@ Dagster cannot declare it (a cycle at asset-key level), so `sampled_workflows(k)
 folder `assets/lora_checkpoint/<k-1>/` must hold a complete PEFT adapter; if it does not, the lookup fails
 fast with a message naming the missing partition and how to fix it, before any model is loaded or anything
 is written. A folder whose weights are not the bytes `lora_checkpoint(k-1)` recorded (`adapter_sha256`) is
-damaged (a bad disk, a partial copy, a hand edit) and fails the same way. The parent's partition, path and adapter hash go into the metadata (and columns) of iteration k.
+damaged (a bad disk, a partial copy, a hand edit) and fails the same way. The parent's partition, path and
+adapter hash go into the metadata (and columns) of iteration k.
 """
 
 from __future__ import annotations
@@ -24,22 +25,35 @@ class MissingCheckpointError(RuntimeError):
     """The previous iteration's checkpoint is not there: iteration k cannot sample from π_{k-1}."""
 
 
+def _missing_files(folder: Path) -> str | None:
+    missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
+    if not missing:
+        return None
+    return f"{folder} {'does not exist' if not folder.exists() else 'lacks ' + ', '.join(missing)}"
+
+
+def recorded_adapter_sha256(store: AssetStore, partition: str) -> str | None:
+    """The weights' sha256 lora_checkpoint[partition]'s row records (None without a readable row)."""
+    if not store.readable("lora_checkpoint", partition):
+        return None
+    rows = store.read_parquet("lora_checkpoint", partition)
+    return rows["adapter_sha256"][0] if rows.height and "adapter_sha256" in rows.columns else None
+
+
+def weights_mismatch(folder: Path, got: str, recorded: str | None, partition: str) -> str | None:
+    """Why an adapter folder whose weights hash to `got` is not the one lora_checkpoint[partition] recorded."""
+    if recorded and got != recorded:
+        return (f"{folder / ADAPTER_WEIGHTS} has sha256 {got[:16]}, not the {recorded[:16]} "
+                f"lora_checkpoint[{partition}] recorded (damaged or replaced)")
+    return None
+
+
 def adapter_damage(store: AssetStore, partition: str) -> str | None:
     """Why lora_checkpoint[partition]'s adapter folder is not the one its table row records, or None when it is
     (or when there is no readable row to compare with: a missing partition is reported elsewhere)."""
     folder = store.adapter_dir(partition)
-    missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
-    if missing:
-        return f"{folder} {'does not exist' if not folder.exists() else 'lacks ' + ', '.join(missing)}"
-    if not store.readable("lora_checkpoint", partition):
-        return None
-    rows = store.read_parquet("lora_checkpoint", partition)
-    want = rows["adapter_sha256"][0] if rows.height and "adapter_sha256" in rows.columns else None
-    got = adapter_sha256(folder)
-    if want and got != want:
-        return (f"{folder / ADAPTER_WEIGHTS} has sha256 {got[:16]}, not the {want[:16]} lora_checkpoint[{partition}] "
-                "recorded (damaged or replaced)")
-    return None
+    return _missing_files(folder) or weights_mismatch(folder, adapter_sha256(folder),
+                                                      recorded_adapter_sha256(store, partition), partition)
 
 
 @dataclass(frozen=True)
@@ -63,15 +77,17 @@ def parent_checkpoint(store: AssetStore, partition: str) -> ParentCheckpoint | N
     if prev is None:
         return None
     folder = store.adapter_dir(prev)
-    damage = adapter_damage(store, prev)
-    if damage:
-        missing = not all((folder / f).is_file() for f in ADAPTER_FILES)
+    missing = _missing_files(folder)
+    if missing:
         raise MissingCheckpointError(
             f"iteration {partition} samples from the checkpoint of iteration {prev}, but lora_checkpoint[{prev}] "
-            f"is {'missing' if missing else 'damaged'}: {damage}. "
-            + (f"Materialize iteration {prev} first (all six assets, or at least lora_checkpoint for partition "
-               f"{prev}); iterations must run in order." if missing else
-               f"Rematerialize lora_checkpoint[{prev}] (`spogw run` does, resuming at it) and the iterations after "
-               "it, or restore the adapter folder from a backup.")
-        )
-    return ParentCheckpoint(partition=prev, iteration=key_to_int(prev), path=folder, sha256=adapter_sha256(folder))
+            f"is missing: {missing}. Materialize iteration {prev} first (all six assets, or at least "
+            f"lora_checkpoint for partition {prev}); iterations must run in order.")
+    sha = adapter_sha256(folder)  # hashed once: the check below and the lineage record
+    damaged = weights_mismatch(folder, sha, recorded_adapter_sha256(store, prev), prev)
+    if damaged:
+        raise MissingCheckpointError(
+            f"iteration {partition} samples from the checkpoint of iteration {prev}, but lora_checkpoint[{prev}] "
+            f"is damaged: {damaged}. Rematerialize lora_checkpoint[{prev}] (`spogw run` does, resuming at it) and "
+            "the iterations after it, or restore the adapter folder from a backup.")
+    return ParentCheckpoint(partition=prev, iteration=key_to_int(prev), path=folder, sha256=sha)

@@ -12,7 +12,7 @@ import polars as pl
 from ...adapter_files import ADAPTER_WEIGHTS
 from .. import heldout as ho
 from .. import tables
-from ..lineage import adapter_sha256
+from ..lineage import adapter_sha256, weights_mismatch
 from ..partitions import key_to_int
 from ..resources import PipelineResource
 from . import heldout_results
@@ -80,11 +80,10 @@ def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *
         raise dg.Failure(f"lora_checkpoint[{key}] points at {adapter}, which holds no adapter; "
                          f"rematerialize lora_checkpoint for {key}")
     sha = adapter_sha256(adapter)
-    if ckpt.get("adapter_sha256") and sha != ckpt["adapter_sha256"]:
-        raise dg.Failure(f"lora_checkpoint[{key}]'s adapter {adapter / ADAPTER_WEIGHTS} has sha256 {sha[:16]}, not "
-                         f"the {ckpt['adapter_sha256'][:16]} it recorded (damaged or replaced): not scoring it. "
-                         f"Rematerialize lora_checkpoint[{key}] (`spogw run` does, resuming at it), or restore the "
-                         "folder from a backup.", allow_retries=False)
+    damaged = weights_mismatch(adapter, sha, ckpt.get("adapter_sha256"), key)
+    if damaged:
+        raise dg.Failure(f"{damaged}: not scoring it. Rematerialize lora_checkpoint[{key}] (`spogw run` does, "
+                         "resuming at it), or restore the folder from a backup.", allow_retries=False)
     store = pipeline.store()
     parent = parent_or_fail(store, key)
     k = key_to_int(key)
