@@ -363,6 +363,7 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
         with _progress_to(out):
             for k in range(cfg.iterations):
                 key = iteration_key(k)
+                damaged = None
                 if not force and _already_reported(store, key, cfg.hash):
                     damaged = damaged_assets(store, key)
                     if not damaged:
@@ -373,7 +374,7 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
                         "is missing, damaged or stale: rerunning the iteration from there")
                 if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
                     instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
-                start = 0 if force else resume_index(instance, defs, store, key)
+                start = 0 if force else resume_index(instance, defs, store, key, damaged)
                 if start:
                     say(f"iteration {key}: {', '.join(ASSET_NAMES[:start])} already materialized with this code and "
                         f"config (an interrupted run's finished work): resuming at {ASSET_NAMES[start]}")
@@ -427,27 +428,26 @@ def _sampled_from_current_parent(store: AssetStore, key: str) -> bool:
     return True
 
 
-def resume_index(instance, defs, store: AssetStore, key: str) -> int:
+def resume_index(instance, defs, store: AssetStore, key: str, damaged: list[str] | None = None) -> int:
     """How many assets of the chain (ASSET_NAMES, in order) iteration `key` can keep: each has a readable
     partition whose content is the data version its latest materialization in `instance` recorded, made by the
     current code version (config section and source closure; `versions.py`) from the latest materialization of
     each of its inputs (Dagster's input event pointers); sampled_workflows must have been sampled from the
     adapter now at k-1, lora_checkpoint's adapter must be the bytes its row records. The first that fails this,
     and everything after it, is rerun. A partition file with no such record (a copied directory, a kill
-    between the file and its event) counts as not materialized."""
+    between the file and its event) counts as not materialized. `damaged`: `damaged_assets(store, key)`, when
+    the caller has it already."""
     import dagster as dg
 
     from .assets.common import frame_data_version
-    from .lineage import adapter_damage
 
+    damaged = set(damaged_assets(store, key) if damaged is None else damaged)
     latest: dict[str, int] = {}  # storage id of each kept asset's latest materialization
     pointer = "dagster/input_event_pointer/"
     for i, name in enumerate(ASSET_NAMES):
         akey = dg.AssetKey(name)
-        if not store.readable(name, key):
+        if name in damaged:  # unreadable, sampled from another parent, or an adapter not the recorded bytes
             return i
-        if i == 0 and not _sampled_from_current_parent(store, key):  # the whole iteration is stale
-            return 0
         frame = store.read_parquet(name, key)
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=akey, asset_partitions=[key]),
                                                limit=1).records
@@ -461,8 +461,6 @@ def resume_index(instance, defs, store: AssetStore, key: str) -> int:
             return i
         recorded = tags.get("dagster/data_version")
         if recorded is None or frame_data_version(frame).value != recorded:  # the file is what was recorded
-            return i
-        if name == "lora_checkpoint" and adapter_damage(store, key):
             return i
         latest[name] = recs[0].storage_id
     return len(ASSET_NAMES)
