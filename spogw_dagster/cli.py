@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     sb_sub = sb.add_subparsers(dest="sandbox_cmd", required=True)
     img = sb_sub.add_parser("build-image", help="build the Docker sandbox image locally (no registry needed)")
     img.add_argument("--force", action="store_true", help="rebuild even if the image is up to date")
+    rt = sub.add_parser("runtime", help="the embedded executor's llama.cpp server: build it once, or show its build")
+    rt_sub = rt.add_subparsers(dest="runtime_cmd", required=True)
+    rt_install = rt_sub.add_parser("install", help="build llama-server with portable CPU flags into the cache "
+                                                   "(about 10 minutes on 2 cores; a no-op once built)")
+    rt_install.add_argument("--force", action="store_true", help="rebuild even if this build is there")
+    rt_install.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    rt_sub.add_parser("info", help="where the runtime is, its build flags (JSON)")
     _add_pipeline_commands(sub)
     return ap
 
@@ -152,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_pipeline_command(args)
     if args.cmd == "sandbox":
         return _sandbox_build_image(args)
+    if args.cmd == "runtime":
+        from .executors.llama_runtime import main as runtime_main
+
+        extra = (["--force"] if getattr(args, "force", False) else []) + \
+            (["--jobs", str(args.jobs)] if getattr(args, "jobs", None) else [])
+        return runtime_main([args.runtime_cmd, *extra])
     try:
         if args.cmd == "exec-workflow":
             return asyncio.run(_exec_workflow(args))

@@ -1,27 +1,58 @@
-"""The embedded executor: the bundled SmolLM2-135M-Instruct GGUF run in-process by llama.cpp.
+"""The embedded executor: a local GGUF (default: the bundled SmolLM2-135M-Instruct) served by a supervised
+llama.cpp server child process on 127.0.0.1.
 
-No server, no key, no download. Calls run in a worker thread (the event loop stays free) and are
-serialised by a `threading.Lock` taken *inside* that thread: llama.cpp contexts are not thread-safe, and
-cancelling an awaiting caller does not stop its thread, which keeps the lock until llama.cpp is done.
-(An asyncio lock would be released on cancellation while the thread still runs, letting the next call
-use the same context concurrently, which aborts the process; it would also bind to one event loop.)
-A cancelled call therefore still finishes its generation in the background, bounded by its max_tokens,
-and delays the next call by that much.
+Out of process, so that a native crash in llama.cpp (a build for another CPU, a bug) never takes the Dagster
+step or `spogw run` down with it: the crash is an `ExecutorError` (kind "crash") whose message names the cause
+and the fix, the child is restarted for the next calls, and the outage rules of the callers apply as for any
+endpoint. The calls go through the same OpenAI-compatible client as a served executor (`openai_compat.py`).
+At start, the child answers one multi-token prompt (the self-check: the crashing AMX builds failed exactly
+there) before any workflow call, so a broken runtime fails fast with that message.
+
+Parallel: the server runs `slots` sequences with continuous batching (one decode step serves every active
+call), so the concurrent calls of concurrently running workflows are answered together instead of one after
+another behind a lock. Each call is seeded, so the call cache keeps its meaning: a rerun is served from the
+cache; a fresh call may differ from an earlier one only by float rounding in a differently composed batch.
+
+The model id (`<file stem>@<sha256[:12]>` of the GGUF's content) and the empty cache namespace do not change
+with the port, the slots or the process, so the cache entries of earlier runs still match.
+
+One server per (model file, settings) per process, shared by every executor session of that process (the
+pipeline opens one per asyncio.run); it ends with the process (atexit, and PR_SET_PDEATHSIG if the process is
+killed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import ctypes
+import dataclasses
 import hashlib
+import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..paths import smollm2_gguf
+import httpx
+
 from ..contracts import ChatResult, SamplingParams
+from ..paths import smollm2_gguf
 from .base import ExecutorError, PromptTooLongError
+from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, host_cpu_flags
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SLOTS = 4
+SELF_CHECK_PROMPT = ("Write one short Python function that returns the sum of a list of integers, "
+                     "and explain it in a sentence.")
 
 
 def _file_digest(path: Path) -> str:
@@ -32,68 +63,318 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()[:12]
 
 
-class EmbeddedExecutor:
-    """`Executor` on a local GGUF file (default: the bundled SmolLM2). `model` names the file's content."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192,
-                 n_threads: int | None = None):
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"died of {name}"
+    return f"exited with status {returncode}"
+
+
+class RuntimeCrashError(ExecutorError):
+    """The llama.cpp child died (a native crash, or killed): our infrastructure, never the workflow's fault."""
+
+
+class LlamaServer:
+    """One supervised `llama-server` child: start (with the self-check), crash detection, restart, stop.
+
+    Thread-safe; processes are spawned from one long-lived thread of its own, because PR_SET_PDEATHSIG fires
+    when the *thread* that forked ends (an asyncio.to_thread worker ends with its event loop)."""
+
+    def __init__(self, gguf: Path, *, n_ctx: int = 8192, slots: int = DEFAULT_SLOTS, threads: int | None = None,
+                 runtime: Runtime | None = None, max_restarts: int = 5, ready_timeout_s: float = 120.0,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.gguf = gguf
+        self.n_ctx = int(n_ctx)
+        self.slots = int(slots)
+        self.threads = int(threads or max(1, os.cpu_count() or 1))
+        self.runtime = runtime or find_runtime()
+        self.max_restarts = max_restarts
+        self.ready_timeout_s = ready_timeout_s
+        self.extra_args = tuple(extra_args)
+        self.generation = 0          # bumps at every (re)start; a call remembers the one it was sent to
+        self.crashes: list[str] = []  # why each earlier child ended
+        self.system_info = ""
+        self.url = ""
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="llama-server")
+        self._logdir = Path(tempfile.mkdtemp(prefix="spogw-llama-"))
+        self._log_path = self._logdir / "server.log"
+        self._given_up: str | None = None
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def features(self) -> list[str]:
+        return cpu_features(self.system_info)
+
+    def info(self) -> dict[str, Any]:
+        return {"runtime": self.runtime.describe(), "model_file": str(self.gguf), "slots": self.slots,
+                "threads": self.threads, "n_ctx_per_slot": self.n_ctx, "cpu_features_used": self.features(),
+                "system_info": self.system_info.strip(), "restarts": len(self.crashes),
+                "crashes": list(self.crashes)}
+
+    def _log_tail(self, n: int = 12) -> str:
+        try:
+            lines = self._log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return " | ".join(ln.strip() for ln in lines[-n:] if ln.strip())
+
+    def crash_message(self, what: str) -> str:
+        feats = " ".join(self.features()) or "unknown"
+        host = host_cpu_flags()
+        amx = sorted(f for f in host if f.startswith("amx"))
+        hint = (f"; the host CPU has {' '.join(amx)}: a build compiled with -march=native there crashes in the AMX "
+                "buffer type" if amx and any(f.startswith("AMX") for f in self.features()) else "")
+        own = self.runtime.tag == "own"
+        fix = (f"unset SPOGW_LLAMA_SERVER (your binary {self.runtime.binary}) to use the portable build from "
+               f"`{INSTALL_HINT}`" if own else
+               f"rebuild the portable runtime: `{INSTALL_HINT} --force`")
+        tail = self._log_tail()
+        return (f"the embedded executor's llama.cpp server ({self.runtime.binary}, build {self.runtime.tag}, CPU "
+                f"features used: {feats}) {what}: a native crash in llama.cpp, not the workflow's doing{hint}. "
+                f"Fix: {fix}; if it persists, serve the model elsewhere and set executor.url."
+                + (f" Last log lines: {tail}" if tail else ""))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _spawn(self) -> subprocess.Popen:
+        self._logdir.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [str(self.runtime.binary), "--model", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
+               "--ctx-size", str(self.n_ctx * self.slots), "--parallel", str(self.slots), "--no-kv-unified",
+               "--threads", str(self.threads), "--threads-batch", str(self.threads), "--cont-batching",
+               "--no-webui", "--alias", self.gguf.stem,
+               "-lv", "4",  # verbosity 4 is the first that prints system_info (the CPU features in use)
+               *self.extra_args]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "OPENAI", "HF_"))}
+        env["OMP_WAIT_POLICY"] = "ACTIVE"  # llama.cpp's threads sync per op; passive waits cost it ~2x
+        with open(self._log_path, "ab") as fh:
+            return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    preexec_fn=_die_with_parent, close_fds=True)
+
+    def _wait_ready(self, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeCrashError(self.crash_message(f"{describe_exit(proc.returncode)} while loading the model"),
+                                        kind="crash")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=2.0)
+                if r.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise ExecutorError(f"the embedded llama.cpp server did not become ready in {self.ready_timeout_s:g}s; "
+                                    f"last log lines: {self._log_tail()}", kind="timeout")
+            time.sleep(0.1)
+
+    def _self_check(self, proc: subprocess.Popen) -> None:
+        body = {"messages": [{"role": "user", "content": SELF_CHECK_PROMPT}], "max_tokens": 4, "temperature": 0.0,
+                "seed": 0}
+        try:
+            r = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=120.0)
+            ok = r.status_code == 200 and (r.json().get("usage") or {}).get("prompt_tokens", 0) > 1
+        except (httpx.HTTPError, ValueError):
+            ok = False
+            r = None
+        if ok:
+            return
+        try:
+            proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeCrashError(self.crash_message(
+                f"{describe_exit(proc.returncode)} on its self-check (one multi-token prompt)"), kind="crash")
+        raise ExecutorError(f"the embedded llama.cpp server failed its self-check: "
+                            f"{getattr(r, 'status_code', 'no reply')} {getattr(r, 'text', '')[:300]}")
+
+    def _start_locked(self) -> None:
+        proc = self._spawner.submit(self._spawn).result()
+        self._proc = proc
+        self.generation += 1
+        try:
+            self._wait_ready(proc)
+            self._self_check(proc)
+        except BaseException:
+            self._kill(proc)
+            self._proc = None  # nothing live; the next ensure_running starts afresh
+            raise
+        text = self._log_path.read_text(errors="replace")
+        self.system_info = next((ln for ln in reversed(text.splitlines()) if "system_info" in ln), "")
+        log.info("embedded llama.cpp server pid %s at %s (%s slots, %s threads; %s)", proc.pid, self.url,
+                 self.slots, self.threads, " ".join(self.features()))
+
+    def start(self) -> None:
+        with self._lock:
+            if self._proc is None:
+                self._start_locked()
+
+    def dead(self, generation: int) -> str | None:
+        """Why the child a call was sent to (its generation) ended, or None while it runs."""
+        with self._lock:
+            if generation != self.generation:
+                return self.crashes[generation - 1] if 0 < generation <= len(self.crashes) else "was restarted"
+            if self._proc is None or self._proc.poll() is None:
+                return None
+            return describe_exit(self._proc.returncode)
+
+    def ensure_running(self) -> int:
+        """Restart a dead child (at most `max_restarts` times in this process); returns the live generation."""
+        with self._lock:
+            if self._given_up:
+                raise RuntimeCrashError(self._given_up, kind="crash")
+            if self._proc is not None and self._proc.poll() is None:
+                return self.generation
+            if self._proc is not None:
+                self.crashes.append(describe_exit(self._proc.returncode))
+                log.warning("embedded llama.cpp server pid %s %s; restarting", self._proc.pid, self.crashes[-1])
+                if len(self.crashes) > self.max_restarts:
+                    self._given_up = self.crash_message(
+                        f"ended {len(self.crashes)} times in this process ({', '.join(self.crashes)}); not restarted "
+                        "again")
+                    raise RuntimeCrashError(self._given_up, kind="crash")
+            try:
+                self._start_locked()
+            except RuntimeCrashError as e:
+                self.crashes.append("crashed while starting")
+                if len(self.crashes) > self.max_restarts:
+                    self._given_up = str(e)
+                raise
+            return self.generation
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            self._kill(proc)
+        shutil.rmtree(self._logdir, ignore_errors=True)
+
+
+_SERVERS: dict[tuple, LlamaServer] = {}
+_SERVERS_LOCK = threading.Lock()
+
+
+def shared_server(gguf: Path, *, n_ctx: int, slots: int, threads: int | None) -> LlamaServer:
+    """The process's server for these settings, started (and self-checked) on first use."""
+    key = (str(gguf.resolve()), n_ctx, slots, threads)
+    with _SERVERS_LOCK:
+        srv = _SERVERS.get(key)
+        if srv is None:
+            srv = LlamaServer(gguf, n_ctx=n_ctx, slots=slots, threads=threads)
+            _SERVERS[key] = srv
+    srv.start()
+    return srv
+
+
+def runtime_report() -> list[dict[str, Any]]:
+    """What the embedded servers of this process run on (build, CPU features used, slots, restarts), for
+    metadata; [] when no embedded model was used (an endpoint)."""
+    with _SERVERS_LOCK:
+        return [srv.info() for srv in _SERVERS.values()]
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_SERVERS.values()):
+        try:
+            srv.stop()
+        except Exception:
+            pass
+
+
+class EmbeddedExecutor:
+    """`Executor` on a local GGUF file (default: the bundled SmolLM2) served by a supervised llama.cpp child.
+    `model` names the file's content, not the process or port."""
+
+    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, slots: int | None = None,
+                 threads: int | None = None, timeout_s: float = 600.0, server: LlamaServer | None = None):
         path = Path(gguf_path) if gguf_path else smollm2_gguf()
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
-        try:
-            from llama_cpp import Llama
-        except ImportError as e:  # pragma: no cover - install problem
-            raise ExecutorError(f"llama-cpp-python is not installed ({e}); fix: pip install llama-cpp-python") from e
         self.path = path
         self.model = f"{path.stem}@{_file_digest(path)}"
-        self._llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or min(os.cpu_count() or 1, 4),
-                          verbose=False)
-        # held by the worker thread for the whole llama.cpp call; never by the event loop
-        self._lock = threading.Lock()
+        self.server = server or shared_server(path, n_ctx=n_ctx, slots=slots or DEFAULT_SLOTS, threads=threads)
+        if server is not None:
+            server.start()
+        self.timeout_s = timeout_s
+        self.max_concurrency = self.server.slots
+        self._clients: dict[str, Any] = {}
+        self.crash_errors = 0  # calls that failed because the child died under them
 
-    def _complete(self, messages: list[dict], params: SamplingParams) -> ChatResult:
-        """One llama.cpp call, in a worker thread. Takes the lock itself, so the thread holds it until
-        llama.cpp returns even if the awaiting task was cancelled meanwhile."""
-        with self._lock:
-            llm = self._llm
-            if llm is None:
-                raise ExecutorError("embedded model is closed")
-            return self._complete_locked(llm, messages, params)
+    def runtime_info(self) -> dict[str, Any]:
+        return {**self.server.info(), "crash_errors": self.crash_errors}
 
-    def _complete_locked(self, llm: Any, messages: list[dict], params: SamplingParams) -> ChatResult:
-        t0 = time.monotonic()
-        out = llm.create_chat_completion(
-            messages=messages,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_tokens,
-            stop=list(params.stop) or None,
-            seed=params.seed if params.seed is not None else -1,
-        )
-        usage = out.get("usage") or {}
-        text = out["choices"][0]["message"].get("content") or ""
-        return ChatResult(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                          completion_tokens=int(usage.get("completion_tokens", 0)),
-                          latency_s=time.monotonic() - t0, model=self.model)
+    def _client(self):
+        from .openai_compat import OpenAICompatExecutor
+
+        url = self.server.url
+        c = self._clients.get(url)
+        if c is None:
+            # Few retries: a dead local child is detected by us, not waited out; a live one does not flake.
+            c = OpenAICompatExecutor(f"{url}/v1", self.path.stem, api_key_env=None,
+                                     max_concurrency=self.server.slots, timeout_s=self.timeout_s, max_retries=1,
+                                     backoff_base_s=0.05, backoff_max_s=0.2)
+            self._clients[url] = c
+        return c
 
     async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        gen = self.server.generation
         try:
-            return await asyncio.to_thread(self._complete, messages, params)
-        except ExecutorError:
+            result = await self._client().chat(messages, params)
+        except PromptTooLongError:
             raise
-        except ValueError as e:
-            # llama-cpp-python: "Requested tokens (N) exceed context window of M" (the request's fault)
-            if "exceed context window" in str(e):
-                raise PromptTooLongError(f"prompt too long for the embedded model: {e}") from e
-            raise ExecutorError(f"embedded model rejected the request: {e}") from e
-        except Exception as e:  # llama.cpp failures are our infrastructure's, not the workflow's
-            raise ExecutorError(f"embedded model failed: {type(e).__name__}: {e}") from e
-
-    def _close(self) -> None:
-        with self._lock:  # waits for a running (possibly abandoned) call to finish first
-            llm, self._llm = self._llm, None
-        if llm is not None and hasattr(llm, "close"):
-            llm.close()
+        except ExecutorError as e:
+            why = await asyncio.to_thread(self.server.dead, gen)
+            if why is None:
+                raise
+            self.crash_errors += 1
+            msg = self.server.crash_message(f"{why} during a call")
+            try:  # restart now, so the next calls find a live child; this call stays failed (not the workflow's)
+                await asyncio.to_thread(self.server.ensure_running)
+            except ExecutorError as restart_error:
+                msg += f" Restart failed: {restart_error}"
+            raise RuntimeCrashError(msg, kind="crash") from None
+        return dataclasses.replace(result, model=self.model)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._close)
+        clients, self._clients = self._clients, {}
+        for c in clients.values():
+            await c.aclose()

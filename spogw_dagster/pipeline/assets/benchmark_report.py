@@ -16,7 +16,7 @@ from ..lineage import adapter_sha256, weights_mismatch
 from ..partitions import key_to_int
 from ..resources import PipelineResource
 from . import heldout_results
-from .common import common_metadata, parent_or_fail, say
+from .common import common_metadata, executor_runtime_metadata, parent_or_fail, say
 from .report_metadata import report_metadata
 
 NAME = "benchmark_report"
@@ -55,6 +55,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
         "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),
         "heldout_results": dg.MetadataValue.path(str(side)),
         "isolation": dg.MetadataValue.text(pipeline.isolation().kind),
+        **executor_runtime_metadata(),
     })
     say(context, _headline(report, this.system, prev.system) + f"; {time.monotonic() - t0:.1f} s")
     return report

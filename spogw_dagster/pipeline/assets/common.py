@@ -36,6 +36,18 @@ def common_metadata(cfg: SpogwConfig, asset: str, t0: float) -> dict[str, Any]:
     }
 
 
+def executor_runtime_metadata() -> dict[str, Any]:
+    """The embedded executor's llama.cpp build and the CPU features it uses (nothing for an endpoint)."""
+    from spogw_dagster.executors.embedded import runtime_report
+
+    info = runtime_report()
+    if not info:
+        return {}
+    feats = sorted({f for i in info for f in i.get("cpu_features_used", [])})
+    return {"executor_runtime": dg.MetadataValue.json(info),
+            "executor_cpu_features": dg.MetadataValue.text(" ".join(feats))}
+
+
 def md_table(rows: dict[str, Any], head: tuple[str, str] = ("", "count")) -> dg.MetadataValue:
     lines = [f"| {head[0]} | {head[1]} |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows.items()]
     return dg.MetadataValue.md("\n".join(lines))

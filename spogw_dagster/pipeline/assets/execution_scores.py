@@ -17,7 +17,7 @@ from .. import outage, tables
 from ..partitions import key_to_int
 from ..resources import EvalJob, PipelineResource, evaluate_jobs
 from ..rewards import Ladder
-from .common import common_metadata, md_table, say
+from .common import common_metadata, executor_runtime_metadata, md_table, say
 
 NAME = "execution_scores"
 GROUP = "execution"
@@ -51,6 +51,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
         "executor": dg.MetadataValue.text(executor_model),
         "isolation": dg.MetadataValue.text(iso.kind),
         "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
+        **executor_runtime_metadata(),
     })
     say(context, f"status {dict(Counter(df['status'].to_list()))}, mean reward {float(df['score'].mean() or 0):.3f}, "
                  f"executor calls {counters['new_calls']} new / {counters['cache_hits']} cached, "

@@ -1,0 +1,145 @@
+"""Embedded executor throughput: the executor calls of a real run, served one at a time and in parallel, in one run.
+
+Replays the requests (messages, temperature, top_p, max_tokens, seed, stop) stored in a call cache that a real
+`spogw run` left behind (default: `assets/call_cache.sqlite` of `spogw run --profile tiny`), against llama.cpp
+servers of our portable runtime, in these layouts, alternating over rounds, on the same requests:
+
+  sequential   1 server, 1 slot, all cores' threads; calls one after another (the old embedded executor:
+               one llama.cpp context behind a lock)
+  batched      1 server, S slots with continuous batching, all cores' threads; S calls in flight
+  workers      one single-thread server per core (S/cores slots each) behind the fleet router; S in flight
+
+Prints wall seconds, prompt and generated tokens/s (tokens counted by the server) per layout and
+
+    RATIO parallel/sequential = X        (batched over sequential: what the pipeline uses)
+    RATIO workers/sequential = Y
+
+    python bench/executor_throughput.py [--cache assets/call_cache.sqlite] [--limit 24] [--slots 4]
+                                        [--rounds 1] [--model smollm2 --model /path/to/other.gguf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from spogw_dagster.contracts import SamplingParams  # noqa: E402
+from spogw_dagster.executors.embedded import EmbeddedExecutor, LlamaServer  # noqa: E402
+from spogw_dagster.executors.fleet import FleetExecutor  # noqa: E402
+from spogw_dagster.paths import smollm2_gguf  # noqa: E402
+
+
+def load_requests(cache: Path, limit: int) -> list[tuple[list[dict], SamplingParams]]:
+    if not cache.is_file():
+        sys.exit(f"{cache}: no call cache; fix: run `spogw run --profile tiny` (or --profile ci) first, or pass "
+                 "--cache <assets>/call_cache.sqlite of a run you have")
+    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    rows = con.execute("select request from calls where request is not null order by created_at").fetchall()
+    con.close()
+    out = []
+    for (req,) in rows:
+        r = json.loads(req)
+        p = r["params"]
+        out.append((r["messages"], SamplingParams(temperature=p["temperature"], top_p=p["top_p"],
+                                                  max_tokens=p["max_tokens"], seed=p["seed"],
+                                                  stop=tuple(p["stop"]))))
+    if not out:
+        sys.exit(f"{cache}: holds no requests")
+    return out[:limit]
+
+
+async def serve_all(chat, requests, concurrency: int) -> tuple[float, int, int]:
+    sem = asyncio.Semaphore(concurrency)
+    tokens = [0, 0]
+
+    async def one(msgs, params):
+        async with sem:
+            r = await chat(msgs, params)
+            tokens[0] += r.prompt_tokens
+            tokens[1] += r.completion_tokens
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(m, p) for m, p in requests))
+    return time.perf_counter() - t0, tokens[0], tokens[1]
+
+
+def measure(layout: str, gguf: Path, requests, slots: int, cores: int) -> tuple[float, int, int]:
+    servers: list[LlamaServer] = []
+    try:
+        if layout == "workers":
+            servers = [LlamaServer(gguf, slots=max(1, slots // cores), threads=1) for _ in range(cores)]
+            for s in servers:
+                s.start()
+
+            async def run():
+                fleet = FleetExecutor([f"{s.url}/v1" for s in servers], gguf.stem, api_key_env=None,
+                                      max_concurrency=max(1, slots // cores), timeout_s=600)
+                try:
+                    return await serve_all(fleet.chat, requests, slots)
+                finally:
+                    await fleet.aclose()
+        else:
+            n = 1 if layout == "sequential" else slots
+            servers = [LlamaServer(gguf, slots=n, threads=cores)]
+            ex = EmbeddedExecutor(gguf, server=servers[0])
+
+            async def run():
+                try:
+                    return await serve_all(ex.chat, requests, n)
+                finally:
+                    await ex.aclose()
+        # the servers' prompt caches start empty in every layout: each is a fresh process
+        return asyncio.run(run())
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, default=REPO / "assets" / "call_cache.sqlite")
+    ap.add_argument("--limit", type=int, default=24)
+    ap.add_argument("--slots", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--model", action="append", help="smollm2 (default) or a GGUF path; repeatable")
+    ap.add_argument("--layouts", default="sequential,batched,workers")
+    a = ap.parse_args()
+    requests = load_requests(a.cache, a.limit)
+    cores = os.cpu_count() or 1
+    layouts = a.layouts.split(",")
+    models = [smollm2_gguf() if m in (None, "smollm2") else Path(m) for m in (a.model or ["smollm2"])]
+    print(f"{len(requests)} requests from {a.cache}; {cores} cores; {a.slots} slots; {a.rounds} round(s)")
+    for gguf in models:
+        wall: dict[str, list[float]] = {k: [] for k in layouts}
+        toks: dict[str, tuple[int, int]] = {}
+        for _ in range(a.rounds):
+            for layout in layouts:
+                s, pt, ct = measure(layout, gguf, requests, a.slots, cores)
+                wall[layout].append(s)
+                toks[layout] = (pt, ct)
+        print(f"\n{gguf.name}")
+        print(f"{'layout':<12} {'wall s':>8} {'prompt tok/s':>13} {'gen tok/s':>10} {'prompt tok':>11} {'gen tok':>8}")
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        for layout in layouts:
+            pt, ct = toks[layout]
+            print(f"{layout:<12} {med[layout]:>8.1f} {pt / med[layout]:>13.1f} {ct / med[layout]:>10.1f} "
+                  f"{pt:>11} {ct:>8}")
+        if "sequential" in med:
+            if "batched" in med:
+                print(f"RATIO parallel/sequential = {med['sequential'] / med['batched']:.2f}  ({gguf.name})")
+            if "workers" in med:
+                print(f"RATIO workers/sequential = {med['sequential'] / med['workers']:.2f}  ({gguf.name})")
+
+
+if __name__ == "__main__":
+    main()

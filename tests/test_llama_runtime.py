@@ -1,0 +1,68 @@
+"""The llama.cpp runtime: which binary the embedded executor runs, its build tag, and the CPU features it reports.
+
+No model here: the supervision of a real server is in tests/test_executor_embedded.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from spogw_dagster.executors import llama_runtime as lr
+
+
+def test_cpu_features_are_the_ones_reported_as_1():
+    line = ("system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | "
+            "AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 0 | AMX_INT8 = 0 | LLAMAFILE = 1 | OPENMP = 1 | "
+            "REPACK = 1 |")
+    assert lr.cpu_features("noise\n" + line + "\nmore") == ["AVX", "AVX2", "BMI2", "F16C", "FMA", "LLAMAFILE",
+                                                             "OPENMP", "REPACK", "SSE3", "SSSE3"]
+    assert lr.cpu_features("") == []
+
+
+def test_portable_flags_never_native_never_amx():
+    args = lr.cmake_args()
+    assert "-DGGML_NATIVE=OFF" in args and "-DGGML_AMX_INT8=OFF" in args and "-DGGML_AVX512=OFF" in args
+    assert not any(a.startswith("-DGGML_NATIVE=ON") for a in args)
+
+
+def test_build_tag_changes_with_the_flags_and_not_with_the_cpu(monkeypatch):
+    base = lr.build_tag()
+    monkeypatch.setenv(lr.ENV_EXTRA_ARGS, "-DGGML_AVX512=ON")
+    other = lr.build_tag()
+    assert other != base and other.startswith(lr.SOURCE_VERSION + "-")
+    monkeypatch.delenv(lr.ENV_EXTRA_ARGS)
+    assert lr.build_tag() == base
+    # the tag hashes the source, the flags and the machine type only: nothing read from /proc/cpuinfo
+    monkeypatch.setattr(lr, "host_cpu_flags", lambda: {"amx_tile", "amx_int8"})
+    assert lr.build_tag() == base
+
+
+def test_missing_runtime_names_the_install_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOGW_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv(lr.ENV_BINARY, raising=False)
+    with pytest.raises(lr.RuntimeMissingError, match="spogw runtime install"):
+        lr.find_runtime()
+
+
+def test_own_binary_must_be_executable(tmp_path, monkeypatch):
+    f = tmp_path / "llama-server"
+    f.write_text("#!/bin/sh\n")
+    monkeypatch.setenv(lr.ENV_BINARY, str(f))
+    with pytest.raises(lr.RuntimeMissingError, match="not an executable file"):
+        lr.find_runtime()
+    f.chmod(f.stat().st_mode | stat.S_IXUSR)
+    rt = lr.find_runtime()
+    assert rt.binary == f and rt.tag == "own"
+
+
+def test_installed_runtime_is_the_portable_build():
+    """What `spogw runtime install` (the README's first command and .ci/run) left: our tag, our flags."""
+    if os.environ.get(lr.ENV_BINARY):
+        pytest.skip("SPOGW_LLAMA_SERVER names a binary of the user's own")
+    rt = lr.find_runtime()
+    info = rt.describe()
+    assert info["tag"] == lr.build_tag()
+    assert info["build"]["source_sha256"] == lr.SOURCE_SHA256
+    assert "-DGGML_NATIVE=OFF" in info["build"]["cmake_args"]
