@@ -4,15 +4,17 @@ Replays the requests (messages, temperature, top_p, max_tokens, seed, stop) stor
 `spogw run` left behind (default: `assets/call_cache.sqlite` of `spogw run --profile tiny`), against llama.cpp
 servers of our portable runtime, in these layouts, alternating over rounds, on the same requests:
 
-  sequential   1 server, 1 slot, all cores' threads; calls one after another (the old embedded executor:
-               one llama.cpp context behind a lock)
-  batched      1 server, S slots with continuous batching, all cores' threads; S calls in flight
-  workers      one single-thread server per core (S/cores slots each) behind the fleet router; S in flight
+  sequential   1 server, all cores' threads, one call at a time (the old embedded executor: one llama.cpp
+               context behind a lock)
+  workers      what the pipeline runs: one single-thread, single-slot server per core behind the embedded
+               executor's router; as many calls in flight as workers (each call computed alone: reproducible)
+  batched      1 server, S slots with continuous batching, all cores' threads; S calls in flight (faster only
+               where the model's kernels batch well; co-scheduled calls change each other's float rounding)
 
 Prints wall seconds, prompt and generated tokens/s (tokens counted by the server) per layout and
 
-    RATIO parallel/sequential = X        (batched over sequential: what the pipeline uses)
-    RATIO workers/sequential = Y
+    RATIO parallel/sequential = X        (workers over sequential: what the pipeline uses)
+    RATIO batched/sequential = Y
 
     python bench/executor_throughput.py [--cache assets/call_cache.sqlite] [--limit 24] [--slots 4]
                                         [--rounds 1] [--model smollm2 --model /path/to/other.gguf]
@@ -35,7 +37,6 @@ sys.path.insert(0, str(REPO))
 
 from spogw_dagster.contracts import SamplingParams  # noqa: E402
 from spogw_dagster.executors.embedded import EmbeddedExecutor, LlamaServer  # noqa: E402
-from spogw_dagster.executors.fleet import FleetExecutor  # noqa: E402
 from spogw_dagster.paths import smollm2_gguf  # noqa: E402
 
 
@@ -74,31 +75,22 @@ async def serve_all(chat, requests, concurrency: int) -> tuple[float, int, int]:
 
 
 def measure(layout: str, gguf: Path, requests, slots: int, cores: int) -> tuple[float, int, int]:
-    servers: list[LlamaServer] = []
+    if layout == "workers":
+        servers = [LlamaServer(gguf, threads=1) for _ in range(cores)]
+        n = cores
+    elif layout == "batched":
+        servers, n = [LlamaServer(gguf, slots=slots, threads=cores)], slots
+    else:
+        servers, n = [LlamaServer(gguf, threads=cores)], 1
     try:
-        if layout == "workers":
-            servers = [LlamaServer(gguf, slots=max(1, slots // cores), threads=1) for _ in range(cores)]
-            for s in servers:
-                s.start()
+        ex = EmbeddedExecutor(gguf, servers=servers)  # fresh processes: every layout starts with empty caches
 
-            async def run():
-                fleet = FleetExecutor([f"{s.url}/v1" for s in servers], gguf.stem, api_key_env=None,
-                                      max_concurrency=max(1, slots // cores), timeout_s=600)
-                try:
-                    return await serve_all(fleet.chat, requests, slots)
-                finally:
-                    await fleet.aclose()
-        else:
-            n = 1 if layout == "sequential" else slots
-            servers = [LlamaServer(gguf, slots=n, threads=cores)]
-            ex = EmbeddedExecutor(gguf, server=servers[0])
+        async def run():
+            try:
+                return await serve_all(ex.chat, requests, n)
+            finally:
+                await ex.aclose()
 
-            async def run():
-                try:
-                    return await serve_all(ex.chat, requests, n)
-                finally:
-                    await ex.aclose()
-        # the servers' prompt caches start empty in every layout: each is a fresh process
         return asyncio.run(run())
     finally:
         for s in servers:
@@ -112,7 +104,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--model", action="append", help="smollm2 (default) or a GGUF path; repeatable")
-    ap.add_argument("--layouts", default="sequential,batched,workers")
+    ap.add_argument("--layouts", default="sequential,workers,batched")
     a = ap.parse_args()
     requests = load_requests(a.cache, a.limit)
     cores = os.cpu_count() or 1
@@ -135,10 +127,10 @@ def main() -> None:
             print(f"{layout:<12} {med[layout]:>8.1f} {pt / med[layout]:>13.1f} {ct / med[layout]:>10.1f} "
                   f"{pt:>11} {ct:>8}")
         if "sequential" in med:
-            if "batched" in med:
-                print(f"RATIO parallel/sequential = {med['sequential'] / med['batched']:.2f}  ({gguf.name})")
             if "workers" in med:
-                print(f"RATIO workers/sequential = {med['sequential'] / med['workers']:.2f}  ({gguf.name})")
+                print(f"RATIO parallel/sequential = {med['sequential'] / med['workers']:.2f}  ({gguf.name})")
+            if "batched" in med:
+                print(f"RATIO batched/sequential = {med['sequential'] / med['batched']:.2f}  ({gguf.name})")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 #   1. local/bookworm:base          debootstrap --variant=minbase bookworm + docker import (needs root and a
 #                                   reachable Debian mirror; skipped when the image exists)
 #   2. local/bookworm-python:3.11   + python3.11, python3-pip, python3-venv, `python` on PATH (skipped when it exists)
-#   3. docker/wheels/               the torch 2.13.0 CPU wheel and the llama-cpp-python 0.3.36 wheel, copied from
+#   3. docker/wheels/               the torch 2.13.0 CPU wheel and the built llama-server (spogw runtime install), copied from
 #                                   this host (pip's find-links / local indexes / wheel cache) when found (the
 #                                   Dockerfile falls back to the torch CPU index and a source build without them),
 #                                   and the CA bundle the host's pip trusts (used in the build stage only)
@@ -101,7 +101,14 @@ stage 'torch-2.13.0+cpu-cp311-cp311-*linux*x86_64.whl'
 cert=${PIP_CERT:-$( { pip config list 2>/dev/null || true; } | sed -n "s/^global\.cert='\(.*\)'$/\1/p" | head -1)}
 cert=${cert:-/etc/ssl/certs/ca-certificates.crt}
 if [ -f "$cert" ]; then cmp -s "$cert" "$WHEELS/ca-certificates.crt" || { say "staging pip's CA bundle $cert"; cp "$cert" "$WHEELS/ca-certificates.crt"; }; fi
-stage 'llama_cpp_python-0.3.36-*linux_x86_64.whl'
+# the embedded executor's llama-server as `spogw runtime install` built it here (portable flags), at its tag
+rt_bin=$(python -c 'from spogw_dagster.executors.llama_runtime import find_runtime; print(find_runtime().binary)' 2>/dev/null || true)
+if [ -n "$rt_bin" ] && [ -x "$rt_bin" ]; then
+    rt_dir=$(dirname "$(dirname "$rt_bin")"); rm -rf "$WHEELS/llama-runtime"; mkdir -p "$WHEELS/llama-runtime"
+    say "staging $rt_dir"; cp -a "$rt_dir" "$WHEELS/llama-runtime/"
+else
+    say "no built llama-server (spogw runtime install): the Dockerfile builds one"
+fi
 
 # 4. the image; the context is only what the Dockerfile copies (plus the staged wheels), from the working tree
 context() {

@@ -101,3 +101,43 @@ def test_cli_unknown_query_is_a_clear_error(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert "no query 'HumanEval/9999' in humaneval; ids look like: HumanEval/0" in json.loads(out.stdout)["error"]
+
+
+async def test_a_workflow_whose_executor_child_dies_of_sigsegv_is_an_executor_error_and_the_step_goes_on(iso):
+    """The supervision end to end: the llama.cpp child is killed by SIGSEGV while a sandboxed workflow waits on
+    its call; the workflow's result is `executor_error` with the cause and the fix (not the workflow's failure),
+    this process lives on, and the next workflow is answered by the restarted child."""
+    import asyncio
+    import signal
+
+    from spogw_dagster.executors.embedded import LlamaServer
+    from spogw_dagster.paths import smollm2_gguf
+
+    srv = LlamaServer(smollm2_gguf(), n_ctx=4096, threads=1)
+    ex = EmbeddedExecutor(servers=[srv])
+    p = held_out_problems("humaneval", limit=1)[0]
+    ops = OperatorConfig(max_tokens=384, temperature=0.7)
+    try:
+        pid = srv.pid
+
+        async def killer():
+            async with __import__("httpx").AsyncClient() as c:  # kill once the child is decoding our call
+                for _ in range(600):
+                    slots = (await c.get(f"{srv.url}/slots", timeout=5)).json()
+                    if any(s.get("is_processing") for s in slots):
+                        os.kill(pid, signal.SIGSEGV)
+                        return True
+                    await asyncio.sleep(0.02)
+            return False
+
+        k = asyncio.create_task(killer())
+        res = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=ops, seed=5)
+        assert await k
+        assert res.status == Status.EXECUTOR_ERROR, (res.status, res.error)
+        assert "SIGSEGV" in res.error and "not the workflow's doing" in res.error
+        nxt = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=OPS, seed=6)
+        assert nxt.status == Status.OK, nxt.error
+        assert srv.pid != pid and ex.runtime_info()["restarts"] == 1
+    finally:
+        await ex.aclose()
+        srv.stop()

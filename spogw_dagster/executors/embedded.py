@@ -8,13 +8,17 @@ endpoint. The calls go through the same OpenAI-compatible client as a served exe
 At start, the child answers one multi-token prompt (the self-check: the crashing AMX builds failed exactly
 there) before any workflow call, so a broken runtime fails fast with that message.
 
-Parallel: the server runs `slots` sequences with continuous batching (one decode step serves every active
-call), so the concurrent calls of concurrently running workflows are answered together instead of one after
-another behind a lock. Each call is seeded, so the call cache keeps its meaning: a rerun is served from the
-cache; a fresh call may differ from an earlier one only by float rounding in a differently composed batch.
+Parallel, and reproducible: `workers` single-thread servers (default: one per core), each decoding one call at
+a time, behind a least-loaded router. Concurrent calls of concurrently running workflows are answered side by
+side instead of one after another behind a lock, and every call is computed alone on one thread, whichever
+worker takes it and whatever else is in flight, so a seeded call gives the same text in every run: the call
+cache and per-call seeds keep their meaning, and a rerun after a crash reproduces the calls it had not made yet.
+(Continuous batching of several calls in one server was measured too, `bench/executor_throughput.py`: it is no
+faster for the bundled model on 2 cores, and batching changes the float rounding, so 6 of 8 seeded calls gave
+another text when co-scheduled than alone.)
 
 The model id (`<file stem>@<sha256[:12]>` of the GGUF's content) and the empty cache namespace do not change
-with the port, the slots or the process, so the cache entries of earlier runs still match.
+with the port, the workers or the process, so the cache entries of earlier runs still match.
 
 One server per (model file, settings) per process, shared by every executor session of that process (the
 pipeline opens one per asyncio.run); it ends with the process (atexit, and PR_SET_PDEATHSIG if the process is
@@ -50,7 +54,7 @@ from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, ho
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SLOTS = 4
+DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
 SELF_CHECK_PROMPT = ("Write one short Python function that returns the sum of a list of integers, "
                      "and explain it in a sentence.")
 
@@ -98,7 +102,7 @@ class LlamaServer:
     Thread-safe; processes are spawned from one long-lived thread of its own, because PR_SET_PDEATHSIG fires
     when the *thread* that forked ends (an asyncio.to_thread worker ends with its event loop)."""
 
-    def __init__(self, gguf: Path, *, n_ctx: int = 8192, slots: int = DEFAULT_SLOTS, threads: int | None = None,
+    def __init__(self, gguf: Path, *, n_ctx: int = 8192, slots: int = 1, threads: int | None = None,
                  runtime: Runtime | None = None, max_restarts: int = 5, ready_timeout_s: float = 120.0,
                  extra_args: tuple[str, ...] = ()) -> None:
         if slots < 1:
@@ -172,8 +176,10 @@ class LlamaServer:
                "--no-webui", "--alias", self.gguf.stem,
                "-lv", "4",  # verbosity 4 is the first that prints system_info (the CPU features in use)
                *self.extra_args]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "OPENAI", "HF_"))}
-        env["OMP_WAIT_POLICY"] = "ACTIVE"  # llama.cpp's threads sync per op; passive waits cost it ~2x
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("LLAMA_", "OPENAI", "HF_")) and k != "OMP_WAIT_POLICY"}
+        # libgomp's default (spin briefly, then sleep) for llama.cpp's threads, which sync at every op: PASSIVE (what
+        # this package sets for torch) made decoding 3x slower (33 vs 89 tok/s), ACTIVE keeps a core busy while idle.
         with open(self._log_path, "ab") as fh:
             return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     preexec_fn=_die_with_parent, close_fds=True)
@@ -288,32 +294,33 @@ class LlamaServer:
         shutil.rmtree(self._logdir, ignore_errors=True)
 
 
-_SERVERS: dict[tuple, LlamaServer] = {}
+_SERVERS: dict[tuple, list[LlamaServer]] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def shared_server(gguf: Path, *, n_ctx: int, slots: int, threads: int | None) -> LlamaServer:
-    """The process's server for these settings, started (and self-checked) on first use."""
-    key = (str(gguf.resolve()), n_ctx, slots, threads)
+def shared_workers(gguf: Path, *, n_ctx: int, workers: int, threads: int) -> list[LlamaServer]:
+    """The process's single-slot workers for these settings, started (and self-checked) on first use."""
+    key = (str(gguf.resolve()), n_ctx, workers, threads)
     with _SERVERS_LOCK:
-        srv = _SERVERS.get(key)
-        if srv is None:
-            srv = LlamaServer(gguf, n_ctx=n_ctx, slots=slots, threads=threads)
-            _SERVERS[key] = srv
-    srv.start()
-    return srv
+        ws = _SERVERS.get(key)
+        if ws is None:
+            ws = [LlamaServer(gguf, n_ctx=n_ctx, slots=1, threads=threads) for _ in range(workers)]
+            _SERVERS[key] = ws
+    for w in ws:
+        w.start()
+    return ws
 
 
 def runtime_report() -> list[dict[str, Any]]:
     """What the embedded servers of this process run on (build, CPU features used, slots, restarts), for
     metadata; [] when no embedded model was used (an endpoint)."""
     with _SERVERS_LOCK:
-        return [srv.info() for srv in _SERVERS.values()]
+        return [srv.info() for ws in _SERVERS.values() for srv in ws]
 
 
 @atexit.register
 def _stop_all() -> None:
-    for srv in list(_SERVERS.values()):
+    for srv in [srv for ws in list(_SERVERS.values()) for srv in ws]:
         try:
             srv.stop()
         except Exception:
@@ -321,57 +328,81 @@ def _stop_all() -> None:
 
 
 class EmbeddedExecutor:
-    """`Executor` on a local GGUF file (default: the bundled SmolLM2) served by a supervised llama.cpp child.
-    `model` names the file's content, not the process or port."""
+    """`Executor` on a local GGUF file (default: the bundled SmolLM2) served by supervised llama.cpp children:
+    `workers` single-slot servers of `threads` threads each (default: one single-thread worker per core), or the
+    given `servers`. `model` names the file's content, not the processes or ports."""
 
-    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, slots: int | None = None,
-                 threads: int | None = None, timeout_s: float = 600.0, server: LlamaServer | None = None):
+    def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, workers: int | None = None,
+                 threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None):
         path = Path(gguf_path) if gguf_path else smollm2_gguf()
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self.path = path
         self.model = f"{path.stem}@{_file_digest(path)}"
-        self.server = server or shared_server(path, n_ctx=n_ctx, slots=slots or DEFAULT_SLOTS, threads=threads)
-        if server is not None:
-            server.start()
+        if servers:
+            for srv in servers:
+                srv.start()
+            self.workers = list(servers)
+        else:
+            self.workers = shared_workers(path, n_ctx=n_ctx, workers=workers or DEFAULT_WORKERS, threads=threads or 1)
         self.timeout_s = timeout_s
-        self.max_concurrency = self.server.slots
+        self.max_concurrency = sum(w.slots for w in self.workers)
         self._clients: dict[str, Any] = {}
-        self.crash_errors = 0  # calls that failed because the child died under them
+        self._in_flight = [0] * len(self.workers)
+        self._picks = [0] * len(self.workers)
+        self.crash_errors = 0  # calls that failed because their child died under them
+
+    @property
+    def server(self) -> LlamaServer:  # the first worker (one-worker callers and tests)
+        return self.workers[0]
 
     def runtime_info(self) -> dict[str, Any]:
-        return {**self.server.info(), "crash_errors": self.crash_errors}
+        infos = [w.info() for w in self.workers]
+        return {**infos[0], "workers": len(infos), "pids": [w.pid for w in self.workers],
+                "restarts": sum(i["restarts"] for i in infos), "crashes": [c for i in infos for c in i["crashes"]],
+                "served_per_worker": list(self._picks), "crash_errors": self.crash_errors}
 
-    def _client(self):
+    def _client(self, srv: LlamaServer):
         from .openai_compat import OpenAICompatExecutor
 
-        url = self.server.url
+        url = srv.url
         c = self._clients.get(url)
         if c is None:
             # Few retries: a dead local child is detected by us, not waited out; a live one does not flake.
-            c = OpenAICompatExecutor(f"{url}/v1", self.path.stem, api_key_env=None,
-                                     max_concurrency=self.server.slots, timeout_s=self.timeout_s, max_retries=1,
-                                     backoff_base_s=0.05, backoff_max_s=0.2)
+            c = OpenAICompatExecutor(f"{url}/v1", self.path.stem, api_key_env=None, max_concurrency=srv.slots,
+                                     timeout_s=self.timeout_s, max_retries=1, backoff_base_s=0.05, backoff_max_s=0.2)
             self._clients[url] = c
         return c
 
+    def _pick(self) -> int:
+        # fewest calls in flight (queued on its slot included), ties to the least used: no await in between
+        i = min(range(len(self.workers)), key=lambda j: (self._in_flight[j], self._picks[j]))
+        self._picks[i] += 1
+        return i
+
     async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
-        gen = self.server.generation
+        i = self._pick()
+        srv = self.workers[i]
+        self._in_flight[i] += 1
         try:
-            result = await self._client().chat(messages, params)
-        except PromptTooLongError:
-            raise
-        except ExecutorError as e:
-            why = await asyncio.to_thread(self.server.dead, gen)
-            if why is None:
+            gen = srv.generation
+            try:
+                result = await self._client(srv).chat(messages, params)
+            except PromptTooLongError:
                 raise
-            self.crash_errors += 1
-            msg = self.server.crash_message(f"{why} during a call")
-            try:  # restart now, so the next calls find a live child; this call stays failed (not the workflow's)
-                await asyncio.to_thread(self.server.ensure_running)
-            except ExecutorError as restart_error:
-                msg += f" Restart failed: {restart_error}"
-            raise RuntimeCrashError(msg, kind="crash") from None
+            except ExecutorError:
+                why = await asyncio.to_thread(srv.dead, gen)
+                if why is None:
+                    raise
+                self.crash_errors += 1
+                msg = srv.crash_message(f"{why} during a call")
+                try:  # restart now, so later calls find a live child; this call stays failed (not the workflow's)
+                    await asyncio.to_thread(srv.ensure_running)
+                except ExecutorError as restart_error:
+                    msg += f" Restart failed: {restart_error}"
+                raise RuntimeCrashError(msg, kind="crash") from None
+        finally:
+            self._in_flight[i] -= 1
         return dataclasses.replace(result, model=self.model)
 
     async def aclose(self) -> None:

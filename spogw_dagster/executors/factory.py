@@ -21,10 +21,10 @@ def default_cache_path() -> Path:
 def make_executor(url: str | Sequence[str] | None = None, model: str | None = None, *,
                   cache_path: str | Path | None = None, use_cache: bool = True,
                   api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8, timeout_s: float = 120.0,
-                  slots: int | None = None, threads: int | None = None):
+                  workers: int | None = None, threads: int | None = None):
     """`url`: one endpoint URL, or several (a fleet serving one model: `fleet.FleetExecutor`); None for the
     embedded model. A list of one is a single endpoint. `max_concurrency` and `timeout_s` are per endpoint.
-    `slots` and `threads` size the embedded model's llama.cpp server (parallel sequences, CPU threads)."""
+    `workers` and `threads` size the embedded model's llama.cpp servers (parallel calls, CPU threads each)."""
     urls = [url] if isinstance(url, str) else [u for u in (url or []) if u]
     namespace = ""
     if urls:
@@ -47,7 +47,7 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
             raise ValueError("--executor-model without --executor-url: give the endpoint URL too")
         from .embedded import EmbeddedExecutor
 
-        inner = EmbeddedExecutor(slots=slots, threads=threads)
+        inner = EmbeddedExecutor(workers=workers, threads=threads)
     if not use_cache:
         return inner
     from .cache import CachingExecutor, CallCache

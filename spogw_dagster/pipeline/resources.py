@@ -122,7 +122,7 @@ class PipelineResource(dg.ConfigurableResource):
         e = self.config().executor
         ex = make_executor(e.endpoints(), e.model, cache_path=self.cache_path(), use_cache=e.cache,
                            api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s,
-                           slots=e.slots, threads=e.threads)
+                           workers=e.workers, threads=e.threads)
         session = ExecutorSession(ex)
         try:
             yield session

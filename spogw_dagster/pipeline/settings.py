@@ -136,9 +136,9 @@ class ExecutorSection(_Section):
     max_tokens: int = Field(384, ge=1)
     max_operator_calls: int = Field(16, ge=1)  # per workflow run: a looping workflow cannot run up a bill
     max_llm_calls: int = Field(32, ge=1)
-    # the embedded model's llama.cpp server: sequences decoded together (continuous batching) and CPU threads;
-    # unset: 4 slots, one thread per core. They change speed, not answers (each call is seeded and cached).
-    slots: int | None = Field(None, ge=1, le=64)
+    # the embedded model's llama.cpp servers: workers answer calls side by side, each with `threads` threads;
+    # unset: one single-thread worker per core. A call's text depends on `threads`, never on `workers`.
+    workers: int | None = Field(None, ge=1, le=64)
     threads: int | None = Field(None, ge=1, le=256)
 
     @field_validator("urls")
@@ -177,7 +177,7 @@ class ExecutorSection(_Section):
         # `urls` unset is left out, so configs written before fleets existed keep their hashes (and assets)
         d = handler(self)
         if isinstance(d, dict):
-            for k in ("urls", "slots", "threads"):  # unset ones are left out: older configs keep their hash
+            for k in ("urls", "workers", "threads"):  # unset ones are left out: older configs keep their hash
                 if d.get(k) is None:
                     d.pop(k, None)
         return d
