@@ -1,7 +1,7 @@
 """`spogw` command line: run the SPOGW loop, compare methods, evaluate a policy, score one workflow or a baseline.
 
-exec-workflow and baseline use the embedded executor (the bundled SmolLM2 via llama.cpp) unless --executor-url/--executor-model
-name an OpenAI-compatible endpoint. Generated code always runs in the sandbox; --unsafe-no-sandbox opts out
+exec-workflow and baseline use the embedded executor (the bundled SmolLM2 in supervised llama.cpp server children,
+built once by `spogw runtime install`) unless --executor-url/--executor-model name an OpenAI-compatible endpoint. Generated code always runs in the sandbox; --unsafe-no-sandbox opts out
 explicitly where no sandbox exists.
 """
 

@@ -355,3 +355,16 @@ def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeyp
     keys = {m: side.filter(pl.col("system") == m).select("mode", "query_id", "sample_idx", "seed", "exec_seed")
             .sort(["mode", "query_id", "sample_idx"]).to_dicts() for m in ("spogw", "grpo", "rwr")}
     assert keys["spogw"] == keys["grpo"] == keys["rwr"]
+
+
+def test_execution_and_report_metadata_name_the_executor_runtime_and_its_cpu_features(loop):
+    """The embedded executor's build and the CPU features it uses travel with each materialization."""
+    from spogw_dagster.executors.llama_runtime import build_tag
+
+    for asset in ("execution_scores", "benchmark_report"):
+        md = loop["md0"][asset]
+        feats = md["executor_cpu_features"].split()
+        assert "AVX2" in feats and not any(f.startswith("AMX") for f in feats), feats
+        runtime = md["executor_runtime"]
+        assert runtime and all(r["runtime"]["tag"] == build_tag() for r in runtime)
+        assert all(r["threads"] == 1 and r["slots"] == 1 for r in runtime)

@@ -243,6 +243,10 @@ class LlamaServer:
             if self._proc is None:
                 self._start_locked()
 
+    def running(self) -> bool:
+        proc = self._proc
+        return proc is not None and proc.poll() is None
+
     def dead(self, generation: int) -> str | None:
         """Why the child a call was sent to (its generation) ended, or None while it runs."""
         with self._lock:
@@ -385,6 +389,8 @@ class EmbeddedExecutor:
         srv = self.workers[i]
         self._in_flight[i] += 1
         try:
+            if not srv.running():  # died since its last call: restart before sending, not after failing
+                await asyncio.to_thread(srv.ensure_running)
             gen = srv.generation
             try:
                 result = await self._client(srv).chat(messages, params)
