@@ -77,7 +77,10 @@ def test_exec_workflow_runs_in_the_sandbox_from_a_fresh_venv(tmp_path, flags):
 
 def test_exec_workflow_runs_in_the_sandbox_from_the_base_interpreter(tmp_path):
     """No venv at all (as a conda or pyenv prefix is run): the base binary with this project on its path."""
-    argv = [BASE_PYTHON, "-c", f"import site, sys; site.addsitedir({PROJECT_SITE!r}); "
+    # the project's site first, as in a prefix the project is installed into (the base interpreter's own
+    # site-packages may hold older copies of our dependencies, e.g. a typing_extensions that anyio cannot use)
+    argv = [BASE_PYTHON, "-c", f"import site, sys; old = list(sys.path); site.addsitedir({PROJECT_SITE!r}); "
+                               "sys.path[:] = [p for p in sys.path if p not in old] + old; "
                                "from spogw_dagster.cli import main; sys.exit(main())"]
     data, stderr = exec_workflow(argv, tmp_path)
     assert data["isolation"] == "bwrap" and data["status"] == "ok", (data, stderr[-1500:])
