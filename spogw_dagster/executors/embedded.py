@@ -174,6 +174,9 @@ class LlamaServer:
                "--ctx-size", str(self.n_ctx * self.slots), "--parallel", str(self.slots), "--no-kv-unified",
                "--threads", str(self.threads), "--threads-batch", str(self.threads), "--cont-batching",
                "--no-webui", "--alias", self.gguf.stem,
+               # no RAM cache of other prompts' states: its default (8 GiB per server) grew each worker to 1 GB in
+               # 20 minutes of tiny; a slot still reuses its own previous prompt's prefix
+               "--cache-ram", "0",
                "-lv", "4",  # verbosity 4 is the first that prints system_info (the CPU features in use)
                *self.extra_args]
         env = {k: v for k, v in os.environ.items()
