@@ -116,7 +116,9 @@ def test_concurrent_calls_run_side_by_side_with_the_texts_of_one_at_a_time():
     so its text is the one a single worker gives when the calls come one after another (reproducible reruns)."""
     workers = [LlamaServer(smollm2_gguf(), n_ctx=2048, threads=1) for _ in range(2)]
     both = EmbeddedExecutor(servers=workers)
-    calls = [([{"role": "user", "content": f"Write a poem about the number {i}."}],
+    # shared prefixes of different lengths, as operator prompts share their instructions: a call's text must not
+    # depend on which call ran before it on the worker
+    calls = [([{"role": "user", "content": "You are a careful poet. " * (1 + i % 3) + f"Write a poem about {i}."}],
               SamplingParams(temperature=0.7, max_tokens=48, seed=i)) for i in range(6)]
     busy_peak = 0
 
@@ -139,9 +141,9 @@ def test_concurrent_calls_run_side_by_side_with_the_texts_of_one_at_a_time():
         await w
         return rs
 
-    async def one_at_a_time():
+    async def one_at_a_time():  # in reverse order, on one worker
         one = EmbeddedExecutor(servers=[workers[1]])
-        return [await one.chat(m, p) for m, p in calls]
+        return [await one.chat(m, p) for m, p in reversed(calls)][::-1]
 
     try:
         rs = asyncio.run(together())

@@ -66,3 +66,32 @@ def test_installed_runtime_is_the_portable_build():
     assert info["tag"] == lr.build_tag()
     assert info["build"]["source_sha256"] == lr.SOURCE_SHA256
     assert "-DGGML_NATIVE=OFF" in info["build"]["cmake_args"]
+
+
+class _Worker:
+    """Stands in for a LlamaServer in the router's bookkeeping (no process)."""
+
+    slots = 1
+
+    def __init__(self, given_up: bool = False):
+        self.given_up = given_up
+
+    def start(self) -> None:
+        pass
+
+
+def test_router_picks_the_least_loaded_worker_and_skips_one_that_gave_up(tmp_path):
+    from spogw_dagster.executors.embedded import EmbeddedExecutor
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    ex = EmbeddedExecutor(gguf, servers=[_Worker(), _Worker(), _Worker()])
+    assert [ex._pick() for _ in range(3)] == [0, 1, 2]  # idle: round robin by picks
+    ex._in_flight = [1, 0, 1]
+    assert ex._pick() == 1
+    ex.workers[1].given_up = True  # crashed past its restart limit: fails at once, so it must not draw calls
+    ex._in_flight = [1, 0, 1]
+    assert ex._pick() == 0
+    for w in ex.workers:
+        w.given_up = True
+    assert ex._pick() in (0, 1, 2)  # all gave up: one of them fails the call with the message

@@ -54,7 +54,7 @@ from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, ho
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WORKERS = max(1, os.cpu_count() or 1)
+DEFAULT_WORKERS = max(1, len(os.sched_getaffinity(0)))  # the cores this process may use, not the machine's
 SELF_CHECK_PROMPT = ("Write one short Python function that returns the sum of a list of integers, "
                      "and explain it in a sentence.")
 
@@ -154,13 +154,19 @@ class LlamaServer:
         amx = sorted(f for f in host if f.startswith("amx"))
         hint = (f"; the host CPU has {' '.join(amx)}: a build compiled with -march=native there crashes in the AMX "
                 "buffer type" if amx and any(f.startswith("AMX") for f in self.features()) else "")
+        if "SIGKILL" in what:
+            cause = "it was killed (SIGKILL: the kernel's out-of-memory killer, or a user)"
+        elif "exited with status" in what:
+            cause = "it exited by itself (a flag this binary does not know, a port taken, a bad model file)"
+        else:
+            cause = "a native crash in llama.cpp"
         own = self.runtime.tag == "own"
         fix = (f"unset SPOGW_LLAMA_SERVER (your binary {self.runtime.binary}) to use the portable build from "
                f"`{INSTALL_HINT}`" if own else
                f"rebuild the portable runtime: `{INSTALL_HINT} --force`")
         tail = self._log_tail()
         return (f"the embedded executor's llama.cpp server ({self.runtime.binary}, build {self.runtime.tag}, CPU "
-                f"features used: {feats}) {what}: a native crash in llama.cpp, not the workflow's doing{hint}. "
+                f"features used: {feats}) {what}: {cause}, not the workflow's doing{hint}. "
                 f"Fix: {fix}; if it persists, serve the model elsewhere and set executor.url."
                 + (f" Last log lines: {tail}" if tail else ""))
 
@@ -226,7 +232,12 @@ class LlamaServer:
                             f"{getattr(r, 'status_code', 'no reply')} {getattr(r, 'text', '')[:300]}")
 
     def _start_locked(self) -> None:
-        proc = self._spawner.submit(self._spawn).result()
+        try:
+            proc = self._spawner.submit(self._spawn).result()
+        except OSError as e:  # the binary vanished or cannot run: still only an ExecutorError leaves `chat`
+            self._proc = None
+            raise RuntimeCrashError(f"cannot start the embedded llama.cpp server {self.runtime.binary}: {e}; fix: "
+                                    f"`{INSTALL_HINT}`", kind="crash") from None
         self._proc = proc
         self.generation += 1
         try:
@@ -236,7 +247,10 @@ class LlamaServer:
             self._kill(proc)
             self._proc = None  # nothing live; the next ensure_running starts afresh
             raise
-        text = self._log_path.read_text(errors="replace")
+        try:
+            text = self._log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
         self.system_info = next((ln for ln in reversed(text.splitlines()) if "system_info" in ln), "")
         log.info("embedded llama.cpp server pid %s at %s (%s slots, %s threads; %s)", proc.pid, self.url,
                  self.slots, self.threads, " ".join(self.features()))
@@ -245,6 +259,10 @@ class LlamaServer:
         with self._lock:
             if self._proc is None:
                 self._start_locked()
+
+    @property
+    def given_up(self) -> bool:
+        return self._given_up is not None
 
     def running(self) -> bool:
         proc = self._proc
@@ -376,14 +394,18 @@ class EmbeddedExecutor:
         c = self._clients.get(url)
         if c is None:
             # Few retries: a dead local child is detected by us, not waited out; a live one does not flake.
+            # cache_prompt false: every call computes its whole prompt, so its text cannot depend on which call
+            # ran before it on this worker (a reused prefix is computed in another split of the batch)
             c = OpenAICompatExecutor(f"{url}/v1", self.path.stem, api_key_env=None, max_concurrency=srv.slots,
-                                     timeout_s=self.timeout_s, max_retries=1, backoff_base_s=0.05, backoff_max_s=0.2)
+                                     timeout_s=self.timeout_s, max_retries=1, backoff_base_s=0.05, backoff_max_s=0.2,
+                                     extra_body={"cache_prompt": False})
             self._clients[url] = c
         return c
 
     def _pick(self) -> int:
         # fewest calls in flight (queued on its slot included), ties to the least used: no await in between
-        i = min(range(len(self.workers)), key=lambda j: (self._in_flight[j], self._picks[j]))
+        live = [j for j in range(len(self.workers)) if not self.workers[j].given_up] or list(range(len(self.workers)))
+        i = min(live, key=lambda j: (self._in_flight[j], self._picks[j]))  # a given-up worker only when all are
         self._picks[i] += 1
         return i
 

@@ -47,7 +47,7 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
             raise ValueError("--executor-model without --executor-url: give the endpoint URL too")
         from .embedded import EmbeddedExecutor
 
-        inner = EmbeddedExecutor(workers=workers, threads=threads)
+        inner = EmbeddedExecutor(workers=workers, threads=threads, timeout_s=timeout_s)
     if not use_cache:
         return inner
     from .cache import CachingExecutor, CallCache

@@ -172,6 +172,7 @@ class OpenAICompatExecutor:
         connect_timeout_s: float = 10.0,
         headers: dict[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -193,6 +194,7 @@ class OpenAICompatExecutor:
         if self._api_key:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
         self._transport = transport
+        self._extra_body = dict(extra_body or {})  # server-specific request fields (e.g. llama.cpp's cache_prompt)
         self._chat_url = f"{self.base_url}/chat/completions"
         # Per-event-loop state, created lazily (an httpx client and a semaphore belong to one loop).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -262,6 +264,7 @@ class OpenAICompatExecutor:
             body["seed"] = params.seed
         if params.stop:
             body["stop"] = list(params.stop)
+        body.update(self._extra_body)
         return body
 
     # ------------------------------------------------------------------ one attempt
