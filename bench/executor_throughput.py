@@ -6,6 +6,8 @@ servers of our portable runtime, in these layouts, alternating over rounds, on t
 
   sequential   1 server, all cores' threads, one call at a time (the old embedded executor: one llama.cpp
                context behind a lock)
+  solo         1 server, 1 thread, one call at a time: the same numerics as `workers`, so the same answers and
+               the same work (the clean side-by-side ratio)
   workers      what the pipeline runs: one single-thread, single-slot server per core behind the embedded
                executor's router; as many calls in flight as workers (each call computed alone: reproducible)
   batched      1 server, S slots with continuous batching, all cores' threads; S calls in flight (faster only
@@ -14,6 +16,7 @@ servers of our portable runtime, in these layouts, alternating over rounds, on t
 Prints wall seconds, prompt and generated tokens/s (tokens counted by the server) per layout and
 
     RATIO parallel/sequential = X        (workers over sequential: what the pipeline uses)
+    RATIO parallel/solo = Z              (workers over solo: identical answers, so identical work)
     RATIO batched/sequential = Y
 
     python bench/executor_throughput.py [--cache assets/call_cache.sqlite] [--limit 24] [--slots 4]
@@ -78,6 +81,8 @@ def measure(layout: str, gguf: Path, requests, slots: int, cores: int) -> tuple[
     if layout == "workers":
         servers = [LlamaServer(gguf, threads=1) for _ in range(cores)]
         n = cores
+    elif layout == "solo":
+        servers, n = [LlamaServer(gguf, threads=1)], 1
     elif layout == "batched":
         servers, n = [LlamaServer(gguf, slots=slots, threads=cores)], slots
     else:
@@ -129,6 +134,9 @@ def main() -> None:
         if "sequential" in med:
             if "workers" in med:
                 print(f"RATIO parallel/sequential = {med['sequential'] / med['workers']:.2f}  ({gguf.name})")
+        if "solo" in med and "workers" in med:
+            print(f"RATIO parallel/solo = {med['solo'] / med['workers']:.2f}  ({gguf.name})")
+        if "sequential" in med:
             if "batched" in med:
                 print(f"RATIO batched/sequential = {med['sequential'] / med['batched']:.2f}  ({gguf.name})")
 
