@@ -73,11 +73,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+try:  # resolved here, in the parent: dlopen in a forked child of a threaded process can deadlock
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def describe_exit(returncode: int | None) -> str:
