@@ -1,4 +1,4 @@
-"""Curation: expected values are worked out by hand from DESIGN §2 (and the choices documented in
+"""Curation: expected values are worked out by hand from the specification in README/ARCHITECTURE.md (and the choices documented in
 spogw_dagster/core/curation.py); the comments show the arithmetic."""
 
 from __future__ import annotations

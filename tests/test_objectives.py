@@ -1,4 +1,4 @@
-"""Objectives on tiny tensors. Expected values are worked out by hand from the formulas of DESIGN §2 (and the
+"""Objectives on tiny tensors. Expected values are worked out by hand from the formulas in core/objectives.py (and the
 documented choices in spogw_dagster/core/objectives.py); the comments carry the arithmetic, the literals come
 from a calculator, never from the code under test."""
 

@@ -390,7 +390,7 @@ def test_sampler_logprobs_serve_as_pi_old(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# hand-computed first steps (DESIGN §2 and core/objectives.py: L_i is the per-token *mean* over row i's
+# hand-computed first steps (core/objectives.py: L_i is the per-token *mean* over row i's
 # workflow tokens, the loss the mean of L_i over rows; a micro-batch's loss is weighted by its share of rows)
 
 HAND_PROMPT = [11, 12, 13, 14, 15]

@@ -1,6 +1,6 @@
 """Hyperparameters of the curation pipeline and of the training objectives, validated on construction.
 
-Every value of DESIGN §2 that the paper leaves open is a field here, with the default we chose and why.
+Every value of the algorithm that the paper leaves open is a field here, with the default we chose and why.
 Both classes are plain frozen dataclasses (no Dagster, no torch) so that a Dagster `Config`, a YAML file or a
 test can build them with `CurationConfig(**mapping)` / `CurationConfig.from_dict(mapping)`. A bad value raises
 `ConfigError` (a `ValueError`) whose message names the field, the value and the fix.
@@ -63,7 +63,7 @@ class _FromDict:
 
 @dataclass(frozen=True)
 class CurationConfig(_FromDict):
-    """Filtering, grouping, screening, sharpening and advantages (DESIGN §2).
+    """Filtering, grouping, screening, sharpening and advantages (the algorithm as README.md specifies it).
 
     m         workflows sampled per query (paper: 16). Curation itself works with however many usable rows a
               query has; m is checked against n and 2t so that an impossible setting fails before sampling.
@@ -148,7 +148,7 @@ class CurationConfig(_FromDict):
 
 @dataclass(frozen=True)
 class ObjectiveConfig(_FromDict):
-    """Loss selection and its hyperparameters (DESIGN §2). The only declaration of these fields:
+    """Loss selection and its hyperparameters (the algorithm as README.md specifies it). The only declaration of these fields:
     `core.trainer.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
 
     objective    one of OBJECTIVE_NAMES.

@@ -1,4 +1,4 @@
-"""Training objectives of SPOGW and of the baselines it stands beside (DESIGN §2). Pure torch, no model.
+"""Training objectives of SPOGW and of the baselines it stands beside (the algorithm as README.md specifies it). Pure torch, no model.
 
 Inputs are per-token log-probs of the *sampled workflow tokens* (the caller gathers them from the logits):
 
@@ -14,7 +14,7 @@ Values at masked positions are replaced by constants before any arithmetic, so p
 
 Objectives (`compute_loss(name, batch, cfg)` dispatches):
 
-* spogw      ioGRPO + mKL, exactly DESIGN §2:
+* spogw      ioGRPO + mKL, exactly as specified:
                  ρ = exp(logp − old),  D = exp(ref − logp) − (ref − logp) − 1  (k3),  M_i = 1[Â_i > 0],
                  L_i = −(1/|o_i|) Σ_t [ min(ρ Â_i, clip(ρ, 1−ε_c, 1+ε_c) Â_i) − β M_i D ],  loss = mean_i L_i.
              The mask is strict (Â = 0 gets no KL). |o_i| = number of masked tokens of row i.

@@ -3,7 +3,7 @@
 Pure arithmetic (`plan_iteration`, `format_plan`) over the config's sizes and limits, optionally with averages
 measured in an assets directory (`measure_assets`: executor calls per workflow and tokens per call from
 `execution_scores`, generated tokens per sample from `sampled_workflows`) and backend speeds (tokens/s; the
-defaults are DESIGN.md §3's, measured on this project's 2-core CPU machine with SmolLM2-135M).
+defaults were measured on this project's 2-core CPU machine with SmolLM2-135M).
 
 Counts per iteration k (d training queries, m samples each, groups of n, top/bottom t, at most g_max groups):
 
@@ -12,7 +12,7 @@ Counts per iteration k (d training queries, m samples each, groups of n, top/bot
   upper bound), each call at most `executor.max_tokens` completion tokens;
 - training rows (the paper's grouping): with m' ≤ m usable workflows of a query, min(C(m', n), g_max) groups,
   each sharpened to 2t rows: groups × 2t rows per query before aggregation; after unique-workflow aggregation
-  (one row per distinct workflow, DESIGN.md §2) at most min(m', groups × 2t) per query. Screening can only
+  (one row per distinct workflow; see core/objectives.py) at most min(m', groups × 2t) per query. Screening can only
   lower both (upper bounds at m' = m);
 - the report: h held-out queries × (greedy + k samples) workflows for π_k (and for the base model at k = 0).
 """
@@ -34,10 +34,10 @@ class Speeds:
     """Backend throughputs in tokens per second (generated tokens for sampling and the executor, trained
     completion tokens for training)."""
 
-    generator_tps: float = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (DESIGN.md §3)
-    executor_tps: float = 77.0  # llama.cpp single stream on the bundled GGUF (DESIGN.md §3)
-    train_tps: float = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (DESIGN.md §3)
-    source: str = "DESIGN.md §3 (SmolLM2-135M, 2 CPU cores)"
+    generator_tps: float = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (measured)
+    executor_tps: float = 77.0  # llama.cpp single stream on the bundled GGUF (measured)
+    train_tps: float = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (measured)
+    source: str = "measured on 2 CPU cores with SmolLM2-135M"
 
 
 @dataclass(frozen=True)

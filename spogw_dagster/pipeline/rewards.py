@@ -7,7 +7,7 @@ FloWright's ladder, r = w_f·format + w_v·valid + w_e·executes + w_a·answer, 
     executes  the fraction of runs that finished with a result (status ok), counted only for a workflow that
               calls an operator producing a solution: a valid workflow that calls none
               (`return await self.test(solution=False)`) runs to the end without attempting the task, and
-              crediting it would make it as good as a real attempt that fails (DESIGN.md section 2's reward
+              crediting it would make it as good as a real attempt that fails (the reward
               trap; measured: with the credit, trivial greedy workflows went 0% -> 30% in two iterations)
     answer    the benchmark metric, mean over runs (0/1 pass@1 for code and math, token F1 for QA)
 
@@ -38,7 +38,7 @@ class Ladder:
 
 
 # Operators that write a solution from the query; a valid workflow calling none of them returns a constant
-# or re-checks nothing: the reward trap of DESIGN.md section 2.
+# or re-checks nothing: the reward trap.
 PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
 
 

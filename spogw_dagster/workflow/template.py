@@ -143,7 +143,7 @@ def _task_comment(question: str, max_chars: int = 600) -> str:
 def generator_prompt(family: str, question: str) -> str:
     """Completion-style prompt for the generator, ending with the workflow header so the model writes the body.
 
-    Designed for small models (DESIGN §3): plain completion, three few-shot workflows, the class header and
+    Designed for small models: plain completion, three few-shot workflows, the class header and
     the body's indentation prefilled. The model's completion is the method body; `assemble_workflow`
     turns it back into a full class.
     """
