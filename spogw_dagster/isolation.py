@@ -441,6 +441,27 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int, sink: bytearray) 
             return True
 
 
+async def _await_ready(stream: asyncio.StreamReader, sink: bytearray, timeout_s: float) -> bool:
+    """Read stderr up to the bootstrap's ready line (what precedes it, e.g. a wrapper's warning, goes to
+    `sink`). False when the stream ends or `timeout_s` passes first: the sandbox never came up."""
+    marker = _READY.encode() + b"\n"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            line = await asyncio.wait_for(stream.readline(), left)
+        except (asyncio.TimeoutError, ValueError, asyncio.LimitOverrunError):
+            return False
+        if not line:
+            return False
+        if line == marker:
+            return True
+        if len(sink) < 65536:
+            sink += line[: 65536 - len(sink)]
+
+
 # Printed by the bootstrap before the program is even compiled: its absence means the sandbox never came up.
 _READY = "\x00spogw-sandbox-ready"
 _BOOT = ("import sys; sys.stderr.write(%r + '\\n'); sys.stderr.flush(); "
@@ -480,9 +501,20 @@ async def _run_code(program: str, iso: Isolation, limits: Limits) -> CodeRunResu
     except (BrokenPipeError, ConnectionResetError):
         pass
     cap = limits.max_output_bytes
+    # The ready line comes before the program is even read, so waiting for it first cannot be delayed by the
+    # program; reading it before the output (not racing the two readers) keeps a program that floods stdout
+    # at once from looking like a sandbox that never started (an infrastructure error, no score).
+    started = await _await_ready(sp.proc.stderr, err, max(limits.wall_s, 1.0))
     readers = {asyncio.create_task(_read_capped(sp.proc.stdout, cap, out)),
                asyncio.create_task(_read_capped(sp.proc.stderr, cap, err))}
     status, error = Status.OK, ""
+    if not started:
+        for t in readers:
+            t.cancel()
+        await sp.close()
+        await asyncio.gather(*readers, return_exceptions=True)
+        why = err.decode(errors="replace").strip()[-300:]
+        raise SandboxStartError(f"the {iso.kind} sandbox did not start (rc={sp.proc.returncode}): {why}")
     try:
         pending = readers
         while pending:
@@ -506,10 +538,6 @@ async def _run_code(program: str, iso: Isolation, limits: Limits) -> CodeRunResu
         await asyncio.gather(*readers, return_exceptions=True)
     rc = sp.proc.returncode
     stderr = err.decode(errors="replace")
-    started = _READY in stderr
-    stderr = stderr.replace(_READY + "\n", "", 1)
-    if not started and status != Status.TIMEOUT:
-        raise SandboxStartError(f"the {iso.kind} sandbox did not start (rc={rc}): {stderr.strip()[-300:]}")
     if status == Status.OK:
         by_signal = signal_status(rc)
         if oom:

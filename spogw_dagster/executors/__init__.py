@@ -1,7 +1,9 @@
 """Executors: the LLMs that workflows call.
 
-- `Executor` (the protocol), `ExecutorError`, `PromptTooLongError` (the request does not fit the
-  context window: the caller's fault), `MeteredExecutor` (per-run accounting): `base`
+- `Executor` (the protocol), `ExecutorError`, `RequestFaultError` (the request's content made the call fail:
+  the caller's fault) and its case `PromptTooLongError` (the request does not fit the context window),
+  `MeteredExecutor` (per-run accounting): `base`
+- `FaultAttributingExecutor`: tells a request's fault from the endpoint's by a control request: `attribution`
 - `OpenAICompatExecutor`: any OpenAI-compatible HTTP endpoint (vLLM, llama.cpp server, hosted APIs)
 - `FleetExecutor`: several such endpoints serving one model (balancing, health checks, failover): `fleet`
 - `CallCache`, `CachingExecutor`: the persistent call cache
@@ -23,6 +25,7 @@ from spogw_dagster.executors.base import (
     ExecutorError,
     MeteredExecutor,
     PromptTooLongError,
+    RequestFaultError,
 )
 from spogw_dagster.executors.cache import (
     CachedCall,
@@ -41,6 +44,7 @@ __all__ = [
     "ExecutorError",
     "MeteredExecutor",
     "PromptTooLongError",
+    "RequestFaultError",
     "OpenAICompatExecutor",
     "FleetExecutor",
     "CallCache",

@@ -9,9 +9,11 @@ Every executor (OpenAI-compatible HTTP, the embedded llama.cpp model, test fakes
     run_exec.usage        # this run's calls, cached calls, tokens, latency
 
 A call that finally fails raises `ExecutorError`; callers map it to `Status.EXECUTOR_ERROR`
-(our infrastructure failed, not the workflow). One subclass is the workflow's fault, not ours:
-`PromptTooLongError`, a request that does not fit the model's context window (callers map it to a
-workflow runtime error, so a workflow cannot dodge a bad score by blowing up its prompts).
+(our infrastructure failed, not the workflow). One subclass is the caller's fault, not ours:
+`RequestFaultError`, a request the executor fails on because of what it holds (its content), shown by the
+endpoint serving a control request right after (`attribution.FaultAttributingExecutor`), or a request that
+does not fit the model's context window (`PromptTooLongError`). Callers map it to the workflow's failure,
+so a workflow cannot make a bad row disappear by sending what the executor chokes on.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from spogw_dagster.contracts import ChatResult, SamplingParams, Usage
 
-__all__ = ["Executor", "ExecutorError", "MeteredExecutor", "PromptTooLongError"]
+__all__ = ["Executor", "ExecutorError", "MeteredExecutor", "PromptTooLongError", "RequestFaultError"]
 
 
 @runtime_checkable
@@ -62,7 +64,15 @@ class ExecutorError(RuntimeError):
         self.retryable = retryable
 
 
-class PromptTooLongError(ExecutorError):
+class RequestFaultError(ExecutorError):
+    """The executor failed on this request because of its content, not because the endpoint is down.
+
+    Never retried (`retryable` is False). Callers treat it as the failure of whoever wrote the request (a
+    workflow, through an operator), never as an infrastructure failure.
+    """
+
+
+class PromptTooLongError(RequestFaultError):
     """The request does not fit the model's context window (the prompt, or prompt + max_tokens).
 
     Never retried (`retryable` is False): the same request would fail again. Unlike other

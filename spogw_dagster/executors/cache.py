@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from spogw_dagster.executors.base import Executor
-from spogw_dagster.contracts import ChatResult, SamplingParams
+from spogw_dagster.contracts import ChatResult, SamplingParams, clean_json
 
 __all__ = ["CallCache", "CachedCall", "CachingExecutor", "cache_key", "canonical_request", "is_cacheable"]
 
@@ -198,6 +198,7 @@ class CachingExecutor:
             return None
 
     async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        messages = clean_json(messages)  # the key must encode (a lone surrogate would not); valid text is unchanged
         if not is_cacheable(params):
             self.uncacheable += 1
             return await self.inner.chat(messages, params)

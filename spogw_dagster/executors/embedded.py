@@ -49,7 +49,7 @@ import httpx
 from ..contracts import ChatResult, SamplingParams
 from ..fsutil import file_sha256
 from ..paths import smollm2_gguf
-from .base import ExecutorError, PromptTooLongError
+from .base import ExecutorError, RequestFaultError
 from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, host_cpu_flags
 
 log = logging.getLogger(__name__)
@@ -415,7 +415,7 @@ class EmbeddedExecutor:
             gen = srv.generation
             try:
                 result = await self._client(srv).chat(messages, params)
-            except PromptTooLongError:
+            except RequestFaultError:
                 raise
             except ExecutorError:
                 why = await asyncio.to_thread(srv.dead, gen)

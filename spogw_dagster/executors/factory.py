@@ -4,7 +4,10 @@ wrapped in the persistent call cache unless disabled.
 Cache keys of an endpoint include its base URL (the cache namespace): two servers serving different
 weights under the same model name must not share entries. The embedded model needs no namespace: its
 model id already names the GGUF file's content hash. A fleet (several URLs serving one model) uses its sorted
-URLs as the namespace: any member may answer any call, and a different set of servers is a different cache."""
+URLs as the namespace: any member may answer any call, and a different set of servers is a different cache.
+
+Every executor is wrapped in `attribution.FaultAttributingExecutor` (below the cache, so that its control
+requests reach the endpoint): a call that fails on its own content is the caller's fault, not an outage."""
 
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
         from .embedded import EmbeddedExecutor
 
         inner = EmbeddedExecutor(workers=workers, threads=threads, timeout_s=timeout_s)
+    from .attribution import FaultAttributingExecutor
+
+    inner = FaultAttributingExecutor(inner)
     if not use_cache:
         return inner
     from .cache import CachingExecutor, CallCache

@@ -42,7 +42,7 @@ from tenacity import (
 )
 
 from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
-from spogw_dagster.contracts import ChatResult, SamplingParams
+from spogw_dagster.contracts import ChatResult, SamplingParams, clean_json, clean_text
 
 __all__ = ["OpenAICompatExecutor", "parse_retry_after", "UNREACHABLE_HINT"]
 
@@ -255,7 +255,7 @@ class OpenAICompatExecutor:
     def _body(self, messages: list[dict], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": messages,
+            "messages": clean_json(messages),  # lone surrogates would fail the encoder, before any request
             "temperature": params.temperature,
             "top_p": params.top_p,
             "max_tokens": params.max_tokens,
@@ -356,7 +356,7 @@ class OpenAICompatExecutor:
         def count(v: Any) -> int:
             return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
-        return text, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), has_usage
+        return clean_text(text), count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), has_usage
 
     # ------------------------------------------------------------------ public API
 

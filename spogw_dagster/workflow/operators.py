@@ -8,6 +8,7 @@ workflow only ever gets strings back. The `test` operator sees only the query's 
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,8 @@ class OperatorConfig:
     max_solutions: int = 8
     programmer_attempts: int = 2
     test_fix_rounds: int = 2
-    max_operator_wall_s: float = 1800.0  # hard cap on time spent inside operator calls in one run
+    # per run: seconds its operator calls may be served (executor replies, code runs), queueing excluded
+    max_operator_wall_s: float = 1800.0
     code_limits: Limits = Limits(wall_s=10, cpu_s=5, memory_mb=512, nproc=8)
 
 
@@ -80,6 +82,7 @@ class Operators:
         self.offered = offered
         self.operator_calls = 0
         self.llm_calls = 0
+        self.code_s = 0.0  # seconds spent running code in the sandbox for this run (the operator-time budget)
         self.trace: list[dict[str, Any]] = []
 
     # --- plumbing -------------------------------------------------------------------------------------
@@ -158,6 +161,7 @@ class Operators:
                 f"Reply with the program in one ```python code block; it must print the answer.")
             code = extract_code(text) or text  # the whole program: its prints and __main__ block run
             res = await run_code(code, self.iso, self.cfg.code_limits)
+            self.code_s += res.wall_s
             out = res.stdout.strip()[-2000:]
             if res.status.value == "ok" and res.returncode == 0 and out:
                 return f"{code}\nOutput: {out}"
@@ -195,7 +199,11 @@ class Operators:
         sandbox = CodeSandbox(self.iso, self.cfg.code_limits, call_timeout_s=self.cfg.code_limits.wall_s)
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
-            verdict = await run_public_tests(self.problem, solution_code(self.problem, current), sandbox)
+            t0 = time.monotonic()
+            try:
+                verdict = await run_public_tests(self.problem, solution_code(self.problem, current), sandbox)
+            finally:
+                self.code_s += time.monotonic() - t0
             if verdict.passed:
                 return current
             if round_ == self.cfg.test_fix_rounds:

@@ -3,19 +3,34 @@
 The child process speaks JSON lines (see sandbox/runner.py). Everything that decides a status happens
 here, in the parent: the child's own report is believed only for what it can know (its exception), and
 an executor failure seen by the parent makes the run `executor_error` even if the workflow caught it.
+
+This is the one place that sets `executor_error`, the status that removes a row from training groups and
+metrics (see `contracts.Status`), and only for causes outside the workflow and its answer:
+
+- the executor failed on a request whose content is not the cause (`ExecutorError` but not
+  `RequestFaultError`: the attributing executor sent a control request, and it failed too);
+- our sandbox did not start (the runner never said it was ready; a code sandbox never came up);
+- operator calls kept waiting for a free executor for 10x the operator-time budget (an overloaded executor:
+  time the workflow's own calls are served counts toward its budget, which ends in `timeout`).
+
+Everything the child sends is made valid text first (`contracts.clean_json`), so nothing a workflow passes
+or returns can fail an encoder further on. A request fault is replied to the workflow as an operator error
+(it may catch it; uncaught, the run is a `runtime_error`), and a bug of ours that a workflow's input trips
+ends the run as a `runtime_error` whose error starts with INTERNAL_ERROR (logged and counted, not excluded).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError
+from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
 from ..isolation import (
     Isolation,
     Limits,
@@ -25,7 +40,7 @@ from ..isolation import (
     spawn,
 )
 from ..seeds import derive_seed
-from ..contracts import Problem, Status, Usage
+from ..contracts import Problem, Status, Usage, clean_json
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
 from .parser import (
     ALLOWED_IMPORTS,
@@ -36,7 +51,13 @@ from .parser import (
 )
 from .template import operator_names
 
+log = logging.getLogger(__name__)
+
 RUNNER_IN_SANDBOX = "/sandbox/runner.py"
+INTERNAL_ERROR = "internal error"  # prefix of the error of a run that tripped a bug of ours (runtime_error)
+# Operator calls may wait for a free executor (other runs' load) this many times the operator-time budget
+# before the run is abandoned as the executor's failure.
+WAIT_BACKSTOP_FACTOR = 10
 DEFAULT_LIMITS = Limits(wall_s=180, cpu_s=30, memory_mb=1024, nproc=16, max_output_bytes=4_000_000)
 
 
@@ -50,6 +71,24 @@ class WorkflowRunResult:
     isolation: str = ""
     wall_s: float = 0.0
     trace: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _FaultTimer(MeteredExecutor):
+    """The run's meter, plus the time of calls that failed on their own content (`fault_s`): they count
+    toward the workflow's operator-time budget like served calls (else a workflow could spend unbounded
+    executor time on requests that time out)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.fault_s = 0.0
+
+    async def chat(self, messages, params):
+        t0 = time.monotonic()
+        try:
+            return await super().chat(messages, params)
+        except RequestFaultError:
+            self.fault_s += time.monotonic() - t0
+            raise
 
 
 class _Stop(Exception):
@@ -83,7 +122,7 @@ async def execute_workflow(
         except WorkflowRejected as e:
             return WorkflowRunResult(e.status, error=e.reason, isolation=iso.kind, wall_s=time.monotonic() - t0)
 
-    metered = MeteredExecutor(executor)
+    metered = _FaultTimer(executor)
     ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
                     operator_names(problem.family))
     script = str(runner or runner_path())
@@ -115,6 +154,10 @@ async def execute_workflow(
         nonlocal executor_failed, inflight, op_time, op_since
         call_id = msg.get("id")
         op = str(msg.get("op"))
+        served = metered.usage.latency_s + metered.fault_s + ops.code_s
+        if served > op_cfg.max_operator_wall_s:  # a call starts only while the operator-time budget lasts
+            raise _Stop(Status.TIMEOUT, f"operator calls took {served:.0f}s of executor and sandbox time, over "
+                                        f"the budget of {op_cfg.max_operator_wall_s:g}s")
         if inflight == 0:
             op_since = time.monotonic()
         inflight += 1
@@ -123,6 +166,8 @@ async def execute_workflow(
             send({"type": "reply", "id": call_id, "ok": True, "value": value})
         except PromptTooLongError as e:  # the workflow built a prompt the executor cannot take: its fault
             send({"type": "reply", "id": call_id, "ok": False, "error": f"{op}: prompt too long for the executor ({e})"})
+        except RequestFaultError as e:  # the executor fails on this request but serves others: its content's fault
+            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op}: the executor failed on this request ({e})"})
         except ExecutorError as e:
             executor_failed = str(e)
             raise _Stop(Status.EXECUTOR_ERROR, f"executor failed: {e}") from None
@@ -134,8 +179,9 @@ async def execute_workflow(
             send({"type": "reply", "id": call_id, "ok": False, "error": str(e)})
         except (RecursionError, MemoryError) as e:  # our parsing choked on a pathological workflow-made string
             send({"type": "reply", "id": call_id, "ok": False, "error": f"{op} failed on its input ({type(e).__name__})"})
-        except Exception as e:  # a failure on our side: stop loudly, never turn it into a workflow score
-            raise _Stop(Status.EXECUTOR_ERROR, f"internal error serving {op}: {type(e).__name__}: {e}") from None
+        except Exception as e:  # a bug of ours, tripped by this run's input: the run fails, loudly (never excluded)
+            log.exception("internal error serving operator %s for %s", op, problem.id)
+            raise _Stop(Status.RUNTIME_ERROR, f"{INTERNAL_ERROR} serving {op}: {type(e).__name__}: {e}") from None
         finally:
             inflight -= 1
             if inflight == 0:
@@ -165,9 +211,9 @@ async def execute_workflow(
             if received > limits.max_output_bytes:
                 return Status.SANDBOX_VIOLATION, "", "protocol output limit exceeded"
             try:
-                msg = json.loads(line)
+                msg = clean_json(json.loads(line))  # lone surrogates become '?': valid text from here on
                 kind = msg["type"]
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 return Status.SANDBOX_VIOLATION, "", "malformed message on the protocol channel"
             if kind == "ready" and not ready:
                 ready = True
@@ -196,20 +242,30 @@ async def execute_workflow(
     drain = asyncio.create_task(drain_stderr())
     conv = asyncio.create_task(converse())
     t_start = time.monotonic()
-    hard_deadline = t_start + limits.wall_s + op_cfg.max_operator_wall_s
+    budget_s = op_cfg.max_operator_wall_s
+    backstop = t_start + limits.wall_s + WAIT_BACKSTOP_FACTOR * budget_s
     try:
         # The workflow's wall budget counts only time when no operator call is in flight: a slow or
         # retrying executor must not turn into the workflow's `timeout` (its CPU rlimit still applies).
+        # Its operator-time budget counts the time its calls were served (executor replies, code runs, calls
+        # that failed on their own content), not time spent waiting for a free executor.
         while True:
             now = time.monotonic()
             busy = op_time + (now - op_since if inflight else 0.0)
             left = limits.wall_s - (now - t_start - busy)
-            wait = min(5.0 if inflight else left, hard_deadline - now)
+            served = metered.usage.latency_s + metered.fault_s + ops.code_s
+            if served > budget_s:
+                status, error = Status.TIMEOUT, (f"operator calls took {served:.0f}s of executor and sandbox time, "
+                                                 f"over the budget of {budget_s:g}s")
+                break
+            wait = min(5.0 if inflight else left, backstop - now)
             if wait <= 0:
-                status = Status.TIMEOUT if now < hard_deadline else Status.EXECUTOR_ERROR
+                status = Status.TIMEOUT if now < backstop else Status.EXECUTOR_ERROR
                 error = (f"wall-clock limit of {limits.wall_s}s exceeded (time in operator calls excluded)"
                          if status == Status.TIMEOUT else
-                         f"operator calls ran past {op_cfg.max_operator_wall_s}s in total")
+                         f"operator calls waited for the executor for over {WAIT_BACKSTOP_FACTOR}x the "
+                         f"operator-time budget of {budget_s:g}s (served for {served:.0f}s): the executor is "
+                         "overloaded or stuck")
                 break
             done, _ = await asyncio.wait({conv, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
             if stop in done:
