@@ -62,6 +62,35 @@ def test_score_gsm8k(text, gold, expected):
     assert score_gsm8k(text, gold).score == expected
 
 
+# A minus written apart from its number, or as another dash, is still a minus (issue: "#### - 18" once read
+# +18 and scored 1 against gold 18). Each reads -18: 0 against gold 18, 1 against gold -18.
+NEGATIVE_18 = [
+    "#### - 18", "####  -18", "\\boxed{- 18}", "\\boxed{-\\,18}", "\\boxed{-\\;18}", "\\boxed{-~18}",
+    "The answer is \u2212 18", "The answer is \u221218", "The answer is: - 18.", "#### \u2013 18", "#### \u201418",
+    "#### -\u200918", "#### -\u202f18", "#### \u2212\u00a018", "\\boxed{-\\thinspace 18}", "It is - $18 in all",
+    "\\boxed{-\\$18}", "\\boxed{\ufe6318}", "#### \uff0d18", "\\boxed{(- 18)}", "\\boxed{- 36/2}",
+]
+
+
+@pytest.mark.parametrize("text", NEGATIVE_18)
+def test_gsm8k_a_detached_or_unicode_minus_belongs_to_its_number(text):
+    assert extract_gsm8k_answer(text) in ("-18", "-18.0"), text
+    assert score_gsm8k(text, "18").score == 0.0
+    assert score_gsm8k(text, "-18").score == 1.0
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("#### 18", "18"), ("\\boxed{18}", "18"), ("The answer is 18", "18"),
+    ("20 - 2 = 18", "18"),  # a subtraction: the minus has an operand before it
+    ("#### 20 - 2", "20"), ("(20) - 2", "2"), ("She had 5 \u2212 3 left", "3"), ("20-2", "2"),
+    ("\\boxed{1{,}018}", "1018"),  # LaTeX thousands separator (once read 018, = 18)
+    ("#### 1\u2009018", "1018"), ("#### 1\\,018", "1018"), ("#### 12\u202f345\u202f678", "12345678"),
+    ("1\u200912", "12"),  # a thin space not before a group of three digits separates two numbers
+])
+def test_gsm8k_subtraction_and_separators(text, expected):
+    assert extract_gsm8k_answer(text) == expected
+
+
 def test_gsm8k_details():
     d = score_gsm8k("answer: 12", "13")
     assert d == ScoreDetail(0.0, "wrong: 12 (gold 13)", "12")

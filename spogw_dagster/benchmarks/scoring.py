@@ -5,7 +5,9 @@
   `\\boxed{}` (a simple fraction there, `a/b` or `\\frac{a}{b}`, is evaluated); the first number after the
   last "the answer is" / "answer:" (on the same line); the last number in the text. A marked answer wins
   over numbers written after it ("The answer is 5. Check: 5 + 3 = 8" reads 5). Thousands separators are
-  removed; a sign before a currency symbol counts ("-$5" is -5), as does a Unicode minus.
+  removed, also when written `1{,}234` or with thin spaces; a minus belongs to its number across spaces,
+  thin spaces, LaTeX spacing and a currency symbol ("- 18", "-\\,18", "-$5"), written as any dash (ASCII,
+  U+2212, en/em dashes...), unless an operand stands before it ("20 - 2" is a subtraction).
 - MATH (`score_math`): the content of the last `\\boxed{}` (nested braces kept) vs the gold, equal if the
   normalised strings match or math-verify finds them symbolically equal. With no `\\boxed{}`, the answer
   after the last "the answer is" / "answer:" is read whole (the first `$...$` span after it, else the
@@ -102,10 +104,32 @@ def _after_answer_marker(text: str) -> str | None:
     return text[last.end() :].split("\n", 1)[0]
 
 
+# Dashes that people and LaTeX write for a minus sign (U+2212 minus, hyphens, figure/en/em dashes, the small
+# and full-width hyphen-minus): each reads as "-".
+_DASHES = str.maketrans({c: "-" for c in "\u2212\u2010\u2011\u2012\u2013\u2014\u2015\u2796\ufe63\uff0d"})
+# What may stand between a sign and its digits: spaces of every width (no-break, thin, hair, narrow no-break,
+# ideographic), LaTeX spacing (`\,` `\;` `\:` `\!` `\ ` `~`, `\thinspace`, `\quad`), and a currency symbol.
+_GAP = r"(?:[ \t\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000~]|\\[,;:! ]|\\(?:thinspace|quad|qquad)\b)*"
+# A sign is unary (part of its number) unless an operand stands before it: a digit, a closing bracket or a
+# percent sign ("20 - 2" is a subtraction, "is - 18", "#### - 18", "{- 18}" are negative numbers).
+_SIGNED = re.compile(rf"(?P<before>[\d)\]}}%]?)(?P<gap0>{_GAP})-{_GAP}(?:\\?\${_GAP})?(?=\.?\d)")
+# Thousands written with LaTeX braces or thin spaces: "1{,}234", "1\,234", "1 234" (narrow no-break space).
+_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
+
+
 def _normalize_signs(text: str) -> str:
-    """'-$5' -> '-5' and a Unicode minus -> '-', so that negative amounts parse as negative numbers."""
-    text = text.replace("\u2212", "-")
-    return re.sub(r"(?<![\w.])-\s*\\?\$\s*(?=[\d.])", "-", text)
+    """Signs and separators as `find_numbers` reads them: every dash that is a minus becomes '-', and a unary
+    minus joins its number across spaces, LaTeX spacing and a currency sign ("− 18", "-\\,18", "- $5" ->
+    "-18", "-18", "-5"); LaTeX and thin-space thousands separators become commas ("1{,}018" -> "1,018")."""
+    text = text.translate(_DASHES)
+    text = _THOUSANDS.sub(",", text)
+
+    def join(m: re.Match) -> str:
+        if m.group("before"):  # an operand before it: a binary minus, left as written
+            return m.group(0)
+        return m.group("gap0") + "-"
+
+    return _SIGNED.sub(join, text)
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
