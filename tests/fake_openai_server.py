@@ -105,9 +105,12 @@ class FakeOpenAIServer:
     def __init__(self, model: str = "fake-model", default: Behaviour | str = "ok",
                  answer_fn: Callable[[dict[str, Any], int], str] = default_answer,
                  host: str = "127.0.0.1", port: int = 0,
-                 on_request: Callable[[dict[str, Any], int, dict[str, str]], None] | None = None) -> None:
+                 on_request: Callable[[dict[str, Any], int, dict[str, str]], None] | None = None,
+                 behaviour_fn: Callable[[dict[str, Any]], Behaviour | str | None] | None = None) -> None:
         self.model = model
         self.on_request = on_request  # (body, n, headers) of every chat request, before it is answered
+        # by content: a behaviour for this request body (a server that chokes on some prompts), None for the usual
+        self.behaviour_fn = behaviour_fn
         self.default = as_behaviour(default)
         self.answer_fn = answer_fn
         self._host, self._port = host, port
@@ -193,7 +196,11 @@ class FakeOpenAIServer:
             self.headers.append(headers)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            b = self._queue.popleft() if self._queue else self._default
+            chosen = self.behaviour_fn(body) if self.behaviour_fn is not None else None
+            if chosen is not None:
+                b = as_behaviour(chosen)
+            else:
+                b = self._queue.popleft() if self._queue else self._default
             n = self.request_count
         if self.on_request is not None:
             self.on_request(body, n, headers)

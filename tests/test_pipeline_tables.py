@@ -165,7 +165,8 @@ def test_heldout_rows_valid_executes_reward_trivial():
     assert h.schema == pl.Schema(tables.HELDOUT_SCHEMA)
     ck = h.filter(pl.col("system") == "spogw@0001")
     assert ck["valid"].to_list() == [True, False, True, True]
-    assert ck["executes"].to_list() == [1.0, 0.0, 0.0, 1.0]
+    # the trivial workflow ran to the end but earns no executes credit, here as in the reward
+    assert ck["executes"].to_list() == [1.0, 0.0, 0.0, 0.0]
     # the ladder 0.1/0.2/0.2/0.5: all four; format only; format + valid; format + valid (trivial: it runs to
     # the end, but calls no operator that writes a solution, so no executes credit)
     assert ck["reward"].to_list() == pytest.approx([1.0, 0.1, 0.3, 0.3])

@@ -91,6 +91,20 @@ def test_gsm8k_subtraction_and_separators(text, expected):
     assert extract_gsm8k_answer(text) == expected
 
 
+def test_every_official_gsm8k_solution_scores_its_own_gold():
+    """All 8,792 reference solutions (test and train), as written (`#### n`) and with the `####` line
+    replaced by a box: the sign and separator rules must not misread a rationale full of subtractions."""
+    from spogw_dagster.benchmarks import load_benchmark
+
+    problems = load_benchmark("gsm8k") + load_benchmark("gsm8k_train")
+    assert len(problems) == 8792
+    for p in problems:
+        official = f"{p.meta['rationale']}\n#### {p.answer}"
+        boxed = f"{p.meta['rationale']}\nThe answer is \\boxed{{{p.answer}}}"
+        assert score_gsm8k(official, p.answer).score == 1.0, p.id
+        assert score_gsm8k(boxed, p.answer).score == 1.0, p.id
+
+
 def test_gsm8k_details():
     d = score_gsm8k("answer: 12", "13")
     assert d == ScoreDetail(0.0, "wrong: 12 (gold 13)", "12")

@@ -16,8 +16,8 @@ not re-sent: the first is the server's answer to this request, and a timeout has
 the inner executor (each attempt as long as the executor's timeout) while the control request shows the
 endpoint answering.
 
-Concurrent failures share one control request (the one that started after they failed), so an outage costs
-one control per burst, not one per call. The control never goes through the call cache (wrap this below
+Concurrent failures share one control request (one that ended after they failed), so an outage costs one
+control per burst, not one per call. The control never goes through the call cache (wrap this below
 `CachingExecutor`): a cached reply would prove nothing about the endpoint now.
 """
 
@@ -52,7 +52,7 @@ class FaultAttributingExecutor:
         self.recovered = 0
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_control: tuple[float, str | None] | None = None  # (started at, None if it succeeded else why)
+        self._last_control: tuple[float, str | None] | None = None  # (ended at, None if it succeeded else why)
 
     @property
     def model(self) -> str:  # type: ignore[override]
@@ -95,21 +95,22 @@ class FaultAttributingExecutor:
         return err
 
     async def _control(self, params: SamplingParams, failed_at: float) -> str | None:
-        """None when a control request that started after `failed_at` succeeded, else why it failed."""
+        """None when a control request that ended after `failed_at` succeeded, else why it failed."""
         loop = asyncio.get_running_loop()
         if self._lock is None or self._loop is not loop:
             self._lock, self._loop = asyncio.Lock(), loop
         async with self._lock:
+            # a control that ended after this failure says how the endpoint was since (calls that failed
+            # while it was in flight wait here and share it)
             if self._last_control is not None and self._last_control[0] >= failed_at:
                 return self._last_control[1]
-            started = time.monotonic()
             self.controls += 1
             try:  # the same settings: a setting the endpoint refuses (max_tokens, stop) fails the control too
                 await self.inner.chat(CONTROL_MESSAGES, params)
                 why = None
             except ExecutorError as e:
                 why = str(e) or type(e).__name__
-            self._last_control = (started, why)
+            self._last_control = (time.monotonic(), why)
             return why
 
     async def aclose(self) -> None:

@@ -4,11 +4,13 @@ FloWright's ladder, r = w_f·format + w_v·valid + w_e·executes + w_a·answer, 
 
     format    1 when workflow code was found in the generator's text (parse status is not format_error)
     valid     1 when the code passed the validator (parse status ok)
-    executes  the fraction of runs that finished with a result (status ok), counted only for a workflow that
-              calls an operator producing a solution: a valid workflow that calls none
-              (`return await self.test(solution=False)`) runs to the end without attempting the task, and
-              crediting it would make it as good as a real attempt that fails (the reward
-              trap; measured: with the credit, trivial greedy workflows went 0% -> 30% in two iterations)
+    executes  the fraction of runs that finished with a result (status ok), counted only for a workflow whose
+              answer comes from an operator that writes a solution (`is_trivial`, by data flow): a valid
+              workflow that returns anything else (`return await self.test(solution=False)`, also after a
+              dead `await self.code_generate(...)` whose result it drops) runs to the end without
+              attempting the task, and crediting it would make it as good as a real attempt that fails (the
+              reward trap; measured: with the credit, trivial greedy workflows went 0% -> 30% in two
+              iterations)
     answer    the benchmark metric, mean over runs (0/1 pass@1 for code and math, token F1 for QA)
 
 With the default weights (0, 0, 0, 1) r is the plain benchmark score. Rows whose runs hit an executor error
@@ -17,11 +19,11 @@ keep their reward but curation drops them (our infrastructure failed, not the wo
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 from typing import Sequence
 
 from spogw_dagster.contracts import Status
+from spogw_dagster.workflow.dataflow import returns_operator_output
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,11 @@ PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "
 
 
 def is_trivial(code: str | None, valid: bool) -> bool:
-    """True for a valid workflow with no call of an operator that produces a solution."""
+    """True for a valid workflow whose returned value cannot depend on the output of an operator that
+    produces a solution (`workflow.dataflow`: a call whose result is dropped or overwritten does not count)."""
     if not valid or not code:
         return False
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                   and n.func.attr in PRODUCING_OPERATORS for n in ast.walk(tree))
+    return not returns_operator_output(code, PRODUCING_OPERATORS)
 
 
 def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float,

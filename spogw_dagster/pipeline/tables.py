@@ -120,7 +120,7 @@ EXECUTION_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String(),
     "answer": pl.String(),
     "isolation": pl.String(),
-    "trivial": pl.Boolean(),  # valid, but calls no operator that produces a solution (no executes credit)
+    "trivial": pl.Boolean(),  # valid, but its answer is no solution-writing operator's output (no executes credit)
 }
 
 
@@ -402,10 +402,10 @@ HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     "parse_status": pl.String(),  # ok | format_error | invalid
     "status": pl.String(),  # the run's status (ok, runtime_error, ..., or the parse status when rejected)
     "valid": pl.Boolean(),  # parsed and passed the validator
-    "executes": pl.Float64(),  # share of runs that finished with a result (0 when invalid)
+    "executes": pl.Float64(),  # share of runs that finished with a result (0 when invalid or trivial)
     "reward": pl.Float64(),  # the configured ladder, as execution_scores.score
     "answer_score": pl.Float64(),  # the benchmark metric, mean over runs
-    "trivial": pl.Boolean(),  # valid, but calls no operator that produces a solution
+    "trivial": pl.Boolean(),  # valid, but its answer is no solution-writing operator's output (rewards.is_trivial)
     "finish_reason": pl.String(),
     "n_tokens": pl.Int64(),  # generated tokens (0 for baselines)
     "llm_calls": pl.Int64(),
@@ -479,7 +479,8 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         "greedy": s.mode == "greedy", "query_id": s.query_id, "sample_idx": s.sample_idx, "seed": s.seed,
         "exec_seed": s.exec_seed, "temperature": s.temperature, "parse_status": s.parse_status,
         "status": result.status.value, "valid": valid,
-        "executes": (sum(x == Status.OK.value for x in runs) / len(runs)) if runs and valid else 0.0,
+        # the reward's executes rung exactly: a trivial workflow (its answer is no operator's output) earns none
+        "executes": (sum(x == Status.OK.value for x in runs) / len(runs)) if runs and valid and not trivial else 0.0,
         "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial), "answer_score": answer,
         "trivial": trivial, "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
