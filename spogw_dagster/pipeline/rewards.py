@@ -49,7 +49,7 @@ def is_trivial(code: str | None, valid: bool) -> bool:
     produces a solution (`workflow.dataflow`: a call whose result is dropped or overwritten does not count)."""
     if not valid or not code:
         return False
-    return not returns_operator_output(code, PRODUCING_OPERATORS)
+    return returns_operator_output(code, PRODUCING_OPERATORS) is False  # None: not a workflow (never valid)
 
 
 def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float,

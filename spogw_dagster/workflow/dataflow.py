@@ -119,7 +119,15 @@ class _Function:
         return everything | (self.ev(f, st) if not isinstance(f, ast.Name) else frozenset())
 
     # ------------------------------------------------------------------ stores
-    def assign(self, target: ast.AST, v: frozenset[str], st: State) -> None:
+    def assign(self, target: ast.AST, v: frozenset[str], st: State, value: ast.AST | None = None) -> None:
+        """Store `v` (the labels of `value`, when the caller has that expression) into `target`."""
+        if (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+                and len(target.elts) == len(value.elts)
+                and not any(isinstance(e, ast.Starred) for e in (*target.elts, *value.elts))):
+            labels = [self.ev(e, st) for e in value.elts]  # `a, b = x, y`: element by element
+            for t, lv, ve in zip(target.elts, labels, value.elts):
+                self.assign(t, lv, st, ve)
+            return
         if isinstance(target, ast.Name):
             st[target.id] = v  # a strong update: what it held before is dead
         elif isinstance(target, (ast.Tuple, ast.List)):
@@ -150,7 +158,7 @@ class _Function:
         if isinstance(s, ast.Assign):
             v = self.ev(s.value, st)
             for t in s.targets:
-                self.assign(t, v, st)
+                self.assign(t, v, st, s.value)
         elif isinstance(s, ast.AnnAssign):
             if s.value is not None:
                 self.assign(s.target, self.ev(s.value, st), st)
@@ -197,20 +205,18 @@ class _Function:
         return self.block(s.orelse, head)
 
 
-def returns_operator_output(code: str, producing: frozenset[str]) -> bool:
+def returns_operator_output(code: str, producing: frozenset[str]) -> bool | None:
     """Whether the value `Workflow.run` returns can depend on the output of a call of a `producing` operator
-    (calls of other operators pass their inputs through). False for code that does not parse or has no
-    `Workflow.run`."""
+    (calls of other operators pass their inputs through). None for code that does not parse or has no
+    `Workflow.run` (not a workflow at all)."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+        return None
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Workflow"), None)
-    if cls is None:
-        return False
-    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    methods = {n.name: n for n in (cls.body if cls else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     if "run" not in methods:
-        return False
+        return None
     prog = _Program(frozenset(producing), methods)
     try:
         for _ in range(32):  # method summaries and self attributes to a fixed point

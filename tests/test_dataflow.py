@@ -1,0 +1,100 @@
+"""Trivial by data flow (`workflow/dataflow.py`, `rewards.is_trivial`): a workflow earns the executes rung
+only when the value it returns can depend on the output of an operator that writes a solution. Each case
+below is traced by hand: which values carry an operator's output to the `return`."""
+
+from __future__ import annotations
+
+import pytest
+
+from spogw_dagster.pipeline.rewards import Ladder, is_trivial, ladder_reward
+from spogw_dagster.workflow.parser import validate
+
+HEADER = "class Workflow:\n    async def run(self):\n"
+
+
+def family(code: str) -> str:
+    return "code" if "code_generate" in code or "test(" in code else "qa" if "answer_generate" in code else "math"
+
+
+def wf(body: str, extra: str = "") -> str:
+    return HEADER + "".join("        " + ln + "\n" for ln in body.strip("\n").splitlines()) + extra
+
+
+TRIVIAL = {
+    # the issue's case: a dead generate, then a test of a constant
+    "dead_generate_then_test_false": "await self.code_generate(instruction='x')\nreturn await self.test(solution=False)",
+    "no_producer_at_all": "return await self.test(solution='def f(): pass')",
+    "overwritten_before_return": "x = await self.custom(instruction='x')\nx = 'A'\nreturn x",
+    "condition_only": "x = await self.custom(instruction='x')\nreturn 'A' if 'B' in x else 'C'",
+    "branch_on_it_return_constants": "x = await self.custom(instruction='x')\nif len(x) > 3:\n    return 'yes'\nreturn 'no'",
+    "result_in_an_unused_list": "xs = [await self.custom(instruction='x')]\nys = ['0']\nreturn await self.sc_ensemble(solutions=ys)",
+    "unpacked_then_dropped": "a, b = await self.custom(instruction='x'), '1'\na = b\nreturn a",
+    "deleted_name_reassigned": "x = await self.custom(instruction='x')\ndel x\nx = '5'\nreturn x",
+    "review_of_a_constant": "await self.custom(instruction='x')\nreturn await self.review(solution='42')",
+    "loop_overwrites_each_time": "for i in range(2):\n    x = await self.custom(instruction='x')\n    x = str(i)\nreturn x",
+}
+
+NON_TRIVIAL = {
+    "generate_then_test": "s = await self.code_generate(instruction='x')\nreturn await self.test(solution=s)",
+    "return_directly": "return await self.custom(instruction='x')",
+    "string_methods": "a = await self.answer_generate()\nreturn a.split('Answer:')[-1].strip()",
+    "appended_then_ensembled": "xs = []\nfor i in range(3):\n    xs.append(await self.custom(instruction='x'))\n"
+                               "return await self.sc_ensemble(solutions=xs)",
+    "one_branch_carries_it": "x = await self.custom(instruction='x')\nif 'a' in x:\n    return x\nreturn 'no'",
+    "fstring": "x = await self.programmer(analysis='go')\nreturn f'Answer: {x}'",
+    "augmented": "r = ''\nr += await self.custom(instruction='x')\nreturn r",
+    "subscript_store": "d = {}\nd['a'] = await self.custom(instruction='x')\nreturn d['a']",
+    "comprehension": "xs = [await self.custom(instruction=str(i)) for i in range(2)]\nreturn [x.strip() for x in xs][0]",
+    "carried_round_a_loop": "best = ''\nfor i in range(2):\n    if i == 1:\n        return best\n"
+                            "    best = await self.custom(instruction='x')\nreturn best",
+    "in_try_handler": "x = 'none'\ntry:\n    x = await self.custom(instruction='x')\n    raise ValueError()\n"
+                      "except ValueError:\n    return x\nreturn 'no'",
+    "walrus": "if (x := await self.custom(instruction='x')):\n    return x\nreturn 'none'",
+    "boolop": "x = await self.custom(instruction='x')\nreturn x or 'empty'",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRIVIAL))
+def test_dead_or_unused_operator_output_is_trivial(name):
+    code = wf(TRIVIAL[name])
+    validate(code, family(code))  # a valid workflow
+    assert is_trivial(code, True), name
+
+
+@pytest.mark.parametrize("name", sorted(NON_TRIVIAL))
+def test_an_answer_carrying_operator_output_is_not_trivial(name):
+    code = wf(NON_TRIVIAL[name])
+    validate(code, family(code))
+    assert not is_trivial(code, True), name
+
+
+def test_helpers_and_self_attributes_carry_values_across_methods():
+    via_attr = wf("await self.fill()\nreturn self.best",
+                  "    async def fill(self):\n        self.best = await self.custom(instruction='x')\n")
+    via_param = wf("x = await self.custom(instruction='x')\nreturn await self.tidy(x)",
+                   "    async def tidy(self, s):\n        return s.strip()\n")
+    helper_drops_it = wf("x = await self.custom(instruction='x')\nreturn await self.tidy(x)",
+                         "    async def tidy(self, s):\n        return 'constant'\n")
+    helper_generates = wf("return await self.ask('q')",
+                          "    async def ask(self, q):\n        return await self.custom(instruction=q)\n")
+    helper_dead_call = wf("return await self.ask('q')",
+                          "    async def ask(self, q):\n        await self.custom(instruction=q)\n        return q\n")
+    recursive = wf("return await self.again(2)",
+                   "    async def again(self, n):\n        if n == 0:\n            return await self.custom(instruction='x')\n"
+                   "        return await self.again(n - 1)\n")
+    for code in (via_attr, via_param, helper_generates, recursive):
+        validate(code, "math")
+        assert not is_trivial(code, True)
+    for code in (helper_drops_it, helper_dead_call):
+        validate(code, "math")
+        assert is_trivial(code, True)
+
+
+def test_trivial_forfeits_the_executes_rung_and_invalid_code_is_not_trivial():
+    ladder = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+    dead = wf(TRIVIAL["dead_generate_then_test_false"])
+    real = wf(NON_TRIVIAL["generate_then_test"])
+    # both ran to the end and both answers were wrong: format + valid for the dead call, + executes for the real
+    assert ladder_reward(ladder, "ok", ["ok"], 0.0, is_trivial(dead, True)) == pytest.approx(0.3)
+    assert ladder_reward(ladder, "ok", ["ok"], 0.0, is_trivial(real, True)) == pytest.approx(0.5)
+    assert not is_trivial(dead, False) and not is_trivial(None, True) and not is_trivial("not python(", True)
