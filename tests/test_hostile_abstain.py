@@ -314,3 +314,20 @@ async def test_excluded_statuses_appear_only_when_the_executor_is_made_to_fail(m
         assert frame.height == len(codes)  # every row encodes
     else:
         assert statuses == [Status.EXECUTOR_ERROR] * len(codes)
+
+
+async def test_a_bug_of_ours_is_the_runs_runtime_error_and_the_asset_check_flags_it():
+    """An executor layer that raises something unexpected (a bug our code has, tripped by this input): the run
+    is a runtime_error (a policy cannot hide a wrong answer behind it), counted by the no_internal_errors check."""
+    from spogw_dagster.pipeline.checks import no_internal_errors
+    from tests.fakes import BrokenExecutor
+
+    res = await evaluate_workflow(wf("return await self.custom(instruction='solve it')"), MATH,
+                                  BrokenExecutor(KeyError("a bug")), detect_isolation(), limits=FAST)
+    assert res.status == Status.RUNTIME_ERROR and res.error.startswith("internal error serving custom: KeyError")
+    ok = await evaluate_workflow(wf("return 'x'"), MATH, BrokenExecutor(KeyError("unused")), detect_isolation(),
+                                 limits=FAST)
+    rows = [execution_row(0, MATH.id, i, "ok", r, Ladder()) for i, r in enumerate([ok, res])]
+    check = no_internal_errors(execution_frame(rows))
+    assert not check.passed and check.metadata["internal_errors"].value == 1 and "sample 1" in check.description
+    assert no_internal_errors(execution_frame(rows[:1])).passed

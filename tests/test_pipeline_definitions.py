@@ -36,8 +36,8 @@ def test_definitions_load_with_six_partitioned_assets_checks_job_and_sensor(tmp_
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("lora_checkpoint")).parent_keys} == {
         "sharpened_groups", "sampled_workflows", "execution_scores"}  # score_dpo / rwr read every scored candidate
     checks = {k.name: k for k in graph.asset_check_keys}
-    assert set(checks) == {"m_workflows_per_query", "scores_complete", "executor_error_rate", "groups_kept",
-                           "loss_finite_and_adapter_reloads", "compared_with_previous"}
+    assert set(checks) == {"m_workflows_per_query", "scores_complete", "executor_error_rate", "no_internal_errors",
+                           "groups_kept", "loss_finite_and_adapter_reloads", "compared_with_previous"}
     for key in checks.values():
         assert graph.get(key).partitions_def == iterations  # partitioned checks
     job = defs.resolve_job_def(JOB_NAME)

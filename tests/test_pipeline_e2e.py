@@ -99,9 +99,10 @@ def test_iterations_0_and_1_materialize_with_checks(loop):
         assert r.success
         assert {e.asset_key.to_user_string() for e in r.get_asset_materialization_events()} == set(ASSET_NAMES)
         checks = {e.check_name: e.passed for e in r.get_asset_check_evaluations()}
-        assert len(checks) == 6
-        # the ERROR-severity checks must pass; groups_kept / compared_with_previous only warn
-        for name in ("m_workflows_per_query", "scores_complete", "executor_error_rate",
+        assert len(checks) == 7
+        # the ERROR-severity checks must pass, and no run tripped a bug of ours; groups_kept /
+        # compared_with_previous only warn
+        for name in ("m_workflows_per_query", "scores_complete", "executor_error_rate", "no_internal_errors",
                      "loss_finite_and_adapter_reloads"):
             assert checks[name], name
 

@@ -113,6 +113,11 @@ class FaultAttributingExecutor:
             self._last_control = (time.monotonic(), why)
             return why
 
+    def request_faults_of(self) -> dict[str, int]:
+        """The counters, for asset metadata."""
+        return {"control_requests": self.controls, "request_faults": self.request_faults,
+                "endpoint_faults": self.endpoint_faults, "recovered_calls": self.recovered}
+
     async def aclose(self) -> None:
         await self.inner.aclose()
 

@@ -7,6 +7,8 @@
                                                         execution.max_executor_error_rate (the asset itself fails
                                                         above it and writes nothing, so this passes on any
                                                         partition written by this code; it flags older ones)
+    execution_scores   no_internal_errors               no run tripped a bug of ours (WARN: such runs are scored as
+                                                        the workflow's runtime_error, never excluded; report them)
     screened_groups    groups_kept                      at least one group survived screening (WARN: an empty
                                                         iteration carries its parent policy forward)
     lora_checkpoint    loss_finite_and_adapter_reloads  every loss finite; the adapter reloads with peft and its
@@ -88,6 +90,21 @@ def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResour
                                          "threshold": limit})
 
 
+@_ck(asset="execution_scores", description="No run tripped a bug of spogw-dagster while serving an operator.")
+def no_internal_errors(execution_scores: pl.DataFrame) -> dg.AssetCheckResult:
+    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+
+    hit = execution_scores.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR))
+    return dg.AssetCheckResult(
+        passed=hit.height == 0, severity=dg.AssetCheckSeverity.WARN,
+        description=None if hit.height == 0 else (
+            f"{hit.height} run(s) hit an internal error (scored as the workflow's runtime_error, so no workflow "
+            f"can hide behind it); first: {hit['error'][0][:300]}. Please report it with the workflow "
+            f"(query {hit['query_id'][0]}, sample {hit['sample_idx'][0]})."),
+        metadata={"internal_errors": hit.height},
+    )
+
+
 @_ck(asset="screened_groups", description="At least one group survived screening.")
 def groups_kept(screened_groups: pl.DataFrame) -> dg.AssetCheckResult:
     kept = screened_groups.filter(pl.col("kept")).height
@@ -162,5 +179,5 @@ def compared_with_previous(benchmark_report: pl.DataFrame, pipeline: PipelineRes
     )
 
 
-ALL_CHECKS = [m_workflows_per_query, scores_complete, executor_error_rate, groups_kept,
+ALL_CHECKS = [m_workflows_per_query, scores_complete, executor_error_rate, no_internal_errors, groups_kept,
               loss_finite_and_adapter_reloads, compared_with_previous]

@@ -143,8 +143,14 @@ class ExecutorSession:
 
     def counters(self) -> dict[str, int]:
         ex = self.executor
+        from spogw_dagster.executors.attribution import FaultAttributingExecutor
+
+        node = ex  # the attributing layer sits under the cache (CachingExecutor.inner)
+        while node is not None and not isinstance(node, FaultAttributingExecutor):
+            node = vars(node).get("inner")
+        faults = node.request_faults_of() if node is not None else {}
         return {"cache_hits": int(getattr(ex, "hits", 0)), "new_calls": int(getattr(ex, "misses", 0)),
-                "uncacheable_calls": int(getattr(ex, "uncacheable", 0))}
+                "uncacheable_calls": int(getattr(ex, "uncacheable", 0)), **faults}
 
 
 @dataclass

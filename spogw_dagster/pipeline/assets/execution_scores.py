@@ -81,6 +81,8 @@ def _jobs(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
+    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+
     from ..plots import score_histogram
 
     statuses = dict(Counter(df["status"].to_list()))
@@ -96,4 +98,10 @@ def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, A
         "executor_cache_hits": dg.MetadataValue.int(counters["cache_hits"]),
         "executor_uncacheable_calls": dg.MetadataValue.int(counters["uncacheable_calls"]),
         "completion_tokens": dg.MetadataValue.int(int(df["completion_tokens"].sum())),
+        # executor failures charged to the request that caused them (a control request succeeded), and the
+        # runs that tripped a bug of ours (runtime_error, see the no_internal_errors check)
+        "executor_request_faults": dg.MetadataValue.int(counters.get("request_faults", 0)),
+        "executor_control_requests": dg.MetadataValue.int(counters.get("control_requests", 0)),
+        "internal_errors": dg.MetadataValue.int(
+            df.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR)).height),
     }
