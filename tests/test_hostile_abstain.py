@@ -325,9 +325,9 @@ async def test_a_bug_of_ours_is_the_runs_runtime_error_and_the_asset_check_flags
     res = await evaluate_workflow(wf("return await self.custom(instruction='solve it')"), MATH,
                                   BrokenExecutor(KeyError("a bug")), detect_isolation(), limits=FAST)
     assert res.status == Status.RUNTIME_ERROR and res.error.startswith("internal error serving custom: KeyError")
-    ok = await evaluate_workflow(wf("return 'x'"), MATH, BrokenExecutor(KeyError("unused")), detect_isolation(),
+    rejected = await evaluate_workflow(wf("return 'x'"), MATH, BrokenExecutor(KeyError("unused")), detect_isolation(),
                                  limits=FAST)
-    rows = [execution_row(0, MATH.id, i, "ok", r, Ladder()) for i, r in enumerate([ok, res])]
+    rows = [execution_row(0, MATH.id, i, "ok", r, Ladder()) for i, r in enumerate([rejected, res])]
     check = no_internal_errors(execution_frame(rows))
     assert not check.passed and check.metadata["internal_errors"].value == 1 and "sample 1" in check.description
     assert no_internal_errors(execution_frame(rows[:1])).passed
