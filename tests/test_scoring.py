@@ -69,6 +69,8 @@ NEGATIVE_18 = [
     "The answer is \u2212 18", "The answer is \u221218", "The answer is: - 18.", "#### \u2013 18", "#### \u201418",
     "#### -\u200918", "#### -\u202f18", "#### \u2212\u00a018", "\\boxed{-\\thinspace 18}", "It is - $18 in all",
     "\\boxed{-\\$18}", "\\boxed{\ufe6318}", "#### \uff0d18", "\\boxed{(- 18)}", "\\boxed{- 36/2}",
+    "\\boxed{-{18}}", "\\boxed{\\text{-}18}", "\\boxed{-\\left(18\\right)}", "#### -\n18", "#### -\u200b18",
+    "The answer is minus 18", "It is negative 18 degrees", "\\boxed{-\\$\\,18}",
 ]
 
 
@@ -82,6 +84,7 @@ def test_gsm8k_a_detached_or_unicode_minus_belongs_to_its_number(text):
 @pytest.mark.parametrize("text,expected", [
     ("#### 18", "18"), ("\\boxed{18}", "18"), ("The answer is 18", "18"),
     ("20 - 2 = 18", "18"),  # a subtraction: the minus has an operand before it
+    ("20 minus 2 is 18", "18"), ("$20 minus $2 = $18", "18"), ("5-\n3", "3"),
     ("#### 20 - 2", "20"), ("(20) - 2", "2"), ("She had 5 \u2212 3 left", "3"), ("20-2", "2"),
     ("\\boxed{1{,}018}", "1018"),  # LaTeX thousands separator (once read 018, = 18)
     ("#### 1\u2009018", "1018"), ("#### 1\\,018", "1018"), ("#### 12\u202f345\u202f678", "12345678"),
@@ -103,6 +106,14 @@ def test_every_official_gsm8k_solution_scores_its_own_gold():
         boxed = f"{p.meta['rationale']}\nThe answer is \\boxed{{{p.answer}}}"
         assert score_gsm8k(official, p.answer).score == 1.0, p.id
         assert score_gsm8k(boxed, p.answer).score == 1.0, p.id
+
+
+@pytest.mark.parametrize("text", ["\\boxed{- 18}", "\\boxed{-\\,18}", "\\boxed{\u2212 18}", "The answer is \u2212 18",
+                                  "\\boxed{-{18}}", "\\boxed{\\text{-}18}", "The answer is minus 18",
+                                  "The answer is negative 18 apples", "it is \u2212 18"])
+def test_math_reads_the_same_sign_formats_as_negative(text):
+    assert score_math(text, "18").score == 0.0
+    assert score_math(text, "-18").score == 1.0
 
 
 def test_gsm8k_details():

@@ -5,9 +5,11 @@
   `\\boxed{}` (a simple fraction there, `a/b` or `\\frac{a}{b}`, is evaluated); the first number after the
   last "the answer is" / "answer:" (on the same line); the last number in the text. A marked answer wins
   over numbers written after it ("The answer is 5. Check: 5 + 3 = 8" reads 5). Thousands separators are
-  removed, also when written `1{,}234` or with thin spaces; a minus belongs to its number across spaces,
-  thin spaces, LaTeX spacing and a currency symbol ("- 18", "-\\,18", "-$5"), written as any dash (ASCII,
-  U+2212, en/em dashes...), unless an operand stands before it ("20 - 2" is a subtraction).
+  removed, also when written `1{,}234` or with thin spaces; a minus belongs to its number across whitespace,
+  thin spaces, LaTeX spacing, a currency symbol and opening brackets ("- 18", "-\\,18", "-$5", "-{18}"),
+  written as any dash (ASCII, U+2212, en/em dashes...) or as the word "minus"/"negative", unless an operand
+  stands before it ("20 - 2" is a subtraction). A line-start bullet "- 18" therefore reads -18: an answer
+  written ambiguously gets no credit.
 - MATH (`score_math`): the content of the last `\\boxed{}` (nested braces kept) vs the gold, equal if the
   normalised strings match or math-verify finds them symbolically equal. With no `\\boxed{}`, the answer
   after the last "the answer is" / "answer:" is read whole (the first `$...$` span after it, else the
@@ -107,12 +109,17 @@ def _after_answer_marker(text: str) -> str | None:
 # Dashes that people and LaTeX write for a minus sign (U+2212 minus, hyphens, figure/en/em dashes, the small
 # and full-width hyphen-minus): each reads as "-".
 _DASHES = str.maketrans({c: "-" for c in "\u2212\u2010\u2011\u2012\u2013\u2014\u2015\u2796\ufe63\uff0d"})
-# What may stand between a sign and its digits: spaces of every width (no-break, thin, hair, narrow no-break,
-# ideographic), LaTeX spacing (`\,` `\;` `\:` `\!` `\ ` `~`, `\thinspace`, `\quad`), and a currency symbol.
-_GAP = r"(?:[ \t\u00a0\u1680\u2000-\u200b\u202f\u205f\u3000~]|\\[,;:! ]|\\(?:thinspace|quad|qquad)\b)*"
+# What may stand between a sign and its digits: whitespace of every width (line breaks, no-break, thin, hair,
+# narrow no-break, zero-width, ideographic), LaTeX spacing (`\,` `\;` `\:` `\!` `\ ` `~`, `\thinspace`,
+# `\quad`), a currency symbol, and brackets or LaTeX wrappers around the number ("-(18)", "-{18}",
+# "\text{-}18", "-\left(18\right)"): none of them makes the number positive.
+_GAP = (r"(?:\s|[\u00a0\u1680\u2000-\u200b\u202f\u205f\u2060\u3000\ufeff~]|\\[,;:! ]|\\(?:thinspace|quad|qquad)\b"
+        r"|\\?\$|[({\[}]|\\left[(\[]|\\(?:text|mathrm|mathbf|textbf|mathit|operatorname)\{)*")
+_SPACE = r"[ \t\u00a0\u2000-\u200b\u202f\u3000]*"
 # A sign is unary (part of its number) unless an operand stands before it: a digit, a closing bracket or a
-# percent sign ("20 - 2" is a subtraction, "is - 18", "#### - 18", "{- 18}" are negative numbers).
-_SIGNED = re.compile(rf"(?P<before>[\d)\]}}%]?)(?P<gap0>{_GAP})-{_GAP}(?:\\?\${_GAP})?(?=\.?\d)")
+# percent sign ("20 - 2" and "20 minus 2" are subtractions; "is - 18", "#### - 18", "{- 18}", "is minus 18",
+# "negative 18" are negative numbers).
+_SIGNED = re.compile(rf"(?P<before>[\d)\]}}%]?)(?P<gap0>{_SPACE})(?:-|\b(?:minus|negative)\b){_GAP}(?=\.?\d)", re.I)
 # Thousands written with LaTeX braces or thin spaces: "1{,}234", "1\,234", "1 234" (narrow no-break space).
 _THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
 
@@ -195,8 +202,8 @@ def _marked_math_answer(text: str) -> str | None:
         ans = next(g for g in m.groups() if g is not None)
     else:
         ans = re.split(r"\.(?:\s|$)", rest.strip().strip("*").strip(), maxsplit=1)[0]
-        if re.search(r"(?<![\\A-Za-z])[A-Za-z]{2,}", ans):  # prose ("5 apples"): its first number
-            nums = find_numbers(ans)
+        if re.search(r"(?<![\\A-Za-z])[A-Za-z]{2,}", ans):  # prose ("5 apples"): its first number, signed
+            nums = find_numbers(_normalize_signs(ans))  # as GSM8K reads it ("minus 18", "− 18" are -18)
             ans = nums[0] if nums else ""
     ans = ans.strip()
     return ans or None
@@ -211,7 +218,7 @@ def extract_math_answer(text: str) -> tuple[str | None, str]:
     marked = _marked_math_answer(text or "")
     if marked is not None:
         return marked, "answer_is"
-    num = last_number(text or "")
+    num = last_number(_normalize_signs(text or ""))
     if num is not None:
         return num, "last_number"
     return None, "none"
