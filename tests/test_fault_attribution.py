@@ -85,10 +85,33 @@ async def test_an_endpoint_that_fails_the_control_too_is_down_not_the_requests_f
         srv.stop()
 
 
-async def test_concurrent_failures_in_an_outage_share_one_control():
+async def test_concurrent_failures_in_an_outage_share_a_control():
     with FakeOpenAIServer(default=error(503, delay_s=0.2)) as srv:
         ex = _client(srv, retries=0)
         results = await asyncio.gather(*(ex.chat(FINE, PARAMS) for _ in range(8)), return_exceptions=True)
         assert all(isinstance(r, ExecutorError) and not isinstance(r, RequestFaultError) for r in results)
-        assert ex.controls == 1 and ex.endpoint_faults == 8
-        assert srv.request_count == 9
+        # a failure that lands after the shared control ended needs a control of its own (a busy machine may
+        # stagger the 8): a burst costs one or two controls, not one each
+        assert ex.controls <= 2 and ex.endpoint_faults == 8
+        assert srv.request_count == 8 + ex.controls
+
+
+async def test_a_timeout_is_charged_to_the_request_only_when_it_repeats_after_a_good_control():
+    from tests.fake_openai_server import slow
+
+    def client():
+        return FaultAttributingExecutor(OpenAICompatExecutor(srv.base_url, srv.model, api_key_env=None, max_retries=0,
+                                                             timeout_s=0.5))
+
+    with FakeOpenAIServer(behaviour_fn=_chokes_on(slow(3.0))) as srv:  # this prompt always takes 3 s
+        ex = client()
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(RequestFaultError, match="failed twice") as info:
+            await ex.chat(POISON, PARAMS)
+        assert info.value.kind == "timeout" and srv.request_count == 3  # the request, the control, the request
+        assert asyncio.get_running_loop().time() - t0 < 3.0
+    with FakeOpenAIServer() as srv:
+        srv.script(slow(3.0))  # one slow reply (a passing overload), then the endpoint is quick again
+        ex = client()
+        assert (await ex.chat(FINE, PARAMS)).text.startswith("echo:")
+        assert (ex.recovered, ex.request_faults) == (1, 0)

@@ -10,11 +10,12 @@ retries), it sends a *control request*: the same sampling settings (so that a se
 say a `max_tokens` above its limit, fails the control too), a short fixed prompt. If the control
 fails too, the endpoint is down: the original error stands (`executor_error`). If the control succeeds, the
 endpoint is up and the original request is sent once more (a transient failure, e.g. a crash the runtime
-recovered from, then simply succeeds); if it fails again, the call raises `RequestFaultError`, the
-request's fault, which callers charge to the workflow. A definitive rejection (HTTP 4xx) and a timeout are
-not re-sent: the first is the server's answer to this request, and a timeout has already been retried by
-the inner executor (each attempt as long as the executor's timeout) while the control request shows the
-endpoint answering.
+recovered from, or an overload that has passed, then simply succeeds); if it fails again, the call raises
+`RequestFaultError`, the request's fault, which callers charge to the workflow. A definitive rejection (HTTP
+4xx, or a request the client could not even send) is not re-sent: it is the answer to this request, and
+the control shows the endpoint takes others. A timeout is re-sent like a 5xx: it is the failure most likely
+to be the endpoint's (load), so it is charged to the request only when it repeats after a good control.
+The time all this takes counts toward the workflow's operator-time budget (`workflow/runtime.py`).
 
 Concurrent failures share one control request (one that ended after they failed), so an outage costs one
 control per burst, not one per call. The control never goes through the call cache (wrap this below
@@ -74,7 +75,7 @@ class FaultAttributingExecutor:
             if down is not None:
                 self.endpoint_faults += 1
                 raise
-            if first.kind == "crash" or (first.retryable and first.kind not in ("timeout", None)):
+            if first.kind == "crash" or first.retryable:  # may have been transient: the request once more
                 try:
                     result = await self.inner.chat(messages, params)
                 except RequestFaultError:
