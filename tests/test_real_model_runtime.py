@@ -103,18 +103,24 @@ def test_cli_unknown_query_is_a_clear_error(tmp_path):
     assert "no query 'HumanEval/9999' in humaneval; ids look like: HumanEval/0" in json.loads(out.stdout)["error"]
 
 
-async def test_a_workflow_whose_executor_child_dies_of_sigsegv_is_an_executor_error_and_the_step_goes_on(iso):
+@pytest.mark.parametrize("attributed", [False, True])
+async def test_a_workflow_whose_executor_child_dies_of_sigsegv_is_an_executor_error_and_the_step_goes_on(
+        iso, attributed):
     """The supervision end to end: the llama.cpp child is killed by SIGSEGV while a sandboxed workflow waits on
-    its call; the workflow's result is `executor_error` with the cause and the fix (not the workflow's failure),
-    this process lives on, and the next workflow is answered by the restarted child."""
+    its call. The bare executor makes the workflow's result `executor_error` with the cause and the fix (not
+    the workflow's failure); behind the fault-attributing layer that `make_executor` adds, the call is sent
+    again after a good control request and the workflow is scored as if nothing happened. Either way this
+    process lives on, and the next workflow is answered by the restarted child."""
     import asyncio
     import signal
 
+    from spogw_dagster.executors.attribution import FaultAttributingExecutor
     from spogw_dagster.executors.embedded import LlamaServer
     from spogw_dagster.paths import smollm2_gguf
 
     srv = LlamaServer(smollm2_gguf(), n_ctx=4096, threads=1)
-    ex = EmbeddedExecutor(servers=[srv])
+    embedded = EmbeddedExecutor(servers=[srv])
+    ex = FaultAttributingExecutor(embedded) if attributed else embedded
     p = held_out_problems("humaneval", limit=1)[0]
     ops = OperatorConfig(max_tokens=384, temperature=0.7)
     try:
@@ -133,11 +139,15 @@ async def test_a_workflow_whose_executor_child_dies_of_sigsegv_is_an_executor_er
         k = asyncio.create_task(killer())
         res = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=ops, seed=5)
         assert await k
-        assert res.status == Status.EXECUTOR_ERROR, (res.status, res.error)
-        assert "SIGSEGV" in res.error and "not the workflow's doing" in res.error
+        if attributed:  # a crash that does not repeat costs the workflow nothing
+            assert res.status == Status.OK, (res.status, res.error)
+            assert (ex.controls, ex.recovered, ex.request_faults) == (1, 1, 0)
+        else:
+            assert res.status == Status.EXECUTOR_ERROR, (res.status, res.error)
+            assert "SIGSEGV" in res.error and "not the workflow's doing" in res.error
         nxt = await evaluate_workflow(TEMPLATES[p.family], p, ex, iso, op_cfg=OPS, seed=6)
         assert nxt.status == Status.OK, nxt.error
-        assert srv.pid != pid and ex.runtime_info()["restarts"] == 1
+        assert srv.pid != pid and embedded.runtime_info()["restarts"] == 1
     finally:
-        await ex.aclose()
+        await embedded.aclose()
         srv.stop()
