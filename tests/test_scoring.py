@@ -85,12 +85,13 @@ def test_gsm8k_a_detached_or_unicode_minus_belongs_to_its_number(text):
     ("#### 18", "18"), ("\\boxed{18}", "18"), ("The answer is 18", "18"),
     ("20 - 2 = 18", "18"),  # a subtraction: the minus has an operand before it
     ("20 minus 2 is 18", "18"), ("$20 minus $2 = $18", "18"), ("5-\n3", "3"),
-    ("#### 20 - 2", "20"), ("(20) - 2", "2"), ("She had 5 \u2212 3 left", "3"), ("20-2", "2"),
+    ("#### 20 - 2", None),  # an expression after "####" is no number (it once read 20)
+    ("(20) - 2", "2"), ("She had 5 \u2212 3 left", "3"), ("20-2", "2"),
     ("\\boxed{1{,}018}", "1018"),  # LaTeX thousands separator (once read 018, = 18)
     ("#### 1\u2009018", "1018"), ("#### 1\\,018", "1018"), ("#### 12\u202f345\u202f678", "12345678"),
     ("1\u200912", "12"),  # a thin space not before a group of three digits separates two numbers
 ])
-def test_gsm8k_subtraction_and_separators(text, expected):
+def test_gsm8k_subtraction_and_separators(text, expected):  # noqa: D103
     assert extract_gsm8k_answer(text) == expected
 
 
@@ -114,6 +115,61 @@ def test_every_official_gsm8k_solution_scores_its_own_gold():
 def test_math_reads_the_same_sign_formats_as_negative(text):
     assert score_math(text, "18").score == 0.0
     assert score_math(text, "-18").score == 1.0
+
+
+# Wrong answers written so that a person reads another number than the one a careless scorer extracts:
+# each must score 0 against gold 18 (found by an adversarial review of the sign rules).
+GSM8K_NOT_18 = [
+    "The answer is \u02d718", "The answer is \u207b18", "The answer is \u208b18", "The answer is \ufe5818",
+    "The answer is \u204318", "The answer is \u2e3a18",  # minus-like signs
+    "#### -\u200c18", "#### -\u200d18", "#### -\u206118", "#### -\u180e18", "#### \u2212\u034f18",  # invisible
+    "#### -\\enspace 18", "#### -\\>18", "#### -\\hskip1pt 18", "#### -\\mkern2mu 18", "The answer is \\(-\\)18",
+    "The answer is -**18**", "The answer is **-** 18", "The answer is `-`18",  # markup around the sign
+    "#### 18\u00b2", "#### 18e3", "#### 18\u00d710\u00b3", "#### 18 000", "\\boxed{\\sqrt{18}}",
+    "\\boxed{2^{18}}", "\\boxed{18!}", "#### 18 - 36", "The answer is 18^2", "The answer is 18\u00b2",
+]
+
+
+@pytest.mark.parametrize("text", GSM8K_NOT_18)
+def test_gsm8k_numbers_written_as_other_numbers_score_zero(text):
+    assert score_gsm8k(text, "18").score == 0.0, ascii(text)
+
+
+@pytest.mark.parametrize("text", ["\\boxed{\u2013 18}", "\\boxed{\u2014 18}", "\\boxed{\u2011 18}", "\\boxed{\ufe63 18}",
+                                  "\\boxed{\u2796 18}", "\\boxed{\\neg 18}", "The answer is -\u200c18 apples.",
+                                  "So we get \u02d718", "So we get -\u200c18"])
+def test_math_dashes_and_invisible_characters_are_read_before_math_verify(text):
+    assert score_math(text, "18").score == 0.0, ascii(text)
+    assert score_math("\\boxed{\u2013\\frac{1}{2}}", "\\frac{1}{2}").score == 0.0
+    assert score_math("\\boxed{\u2013\\frac{1}{2}}", "-\\frac{1}{2}").score == 1.0
+
+
+def test_the_invisible_class_covers_every_format_character():
+    import sys
+    import unicodedata
+
+    from spogw_dagster.benchmarks.scoring import _INVISIBLE, canonical_answer_text
+
+    cf = "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    assert _INVISIBLE.sub("", cf) == ""
+    pd = "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Pd")
+    assert canonical_answer_text(pd) == "-" * len(pd)
+
+
+def test_sign_rules_stay_linear_on_hostile_text():
+    """Text built to make a backtracking pattern explode (a sign, 60 no-break spaces, no digit; a million
+    spaces): the old overlapping gap took about 2^N steps. A hang guard, not a speed target (bench/ has none:
+    the bound is 100x what a linear scan needs here)."""
+    import time
+
+    from spogw_dagster.benchmarks.scoring import _normalize_signs
+
+    for text in ("-" + "\u00a0" * 60 + "x", " " * 1_000_000 + "-", ("- \u00a0" * 20_000) + "x",
+                 "-" + "\\, " * 20_000 + "x"):
+        t0 = time.monotonic()
+        _normalize_signs(text)
+        extract_gsm8k_answer(text)
+        assert time.monotonic() - t0 < 10.0, ascii(text[:20])
 
 
 def test_gsm8k_details():

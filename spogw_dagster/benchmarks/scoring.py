@@ -106,56 +106,113 @@ def _after_answer_marker(text: str) -> str | None:
     return text[last.end() :].split("\n", 1)[0]
 
 
-# Dashes that people and LaTeX write for a minus sign (U+2212 minus, hyphens, figure/en/em dashes, the small
-# and full-width hyphen-minus): each reads as "-".
-_DASHES = str.maketrans({c: "-" for c in "\u2212\u2010\u2011\u2012\u2013\u2014\u2015\u2796\ufe63\uff0d"})
-# What may stand between a sign and its digits: whitespace of every width (line breaks, no-break, thin, hair,
-# narrow no-break, zero-width, ideographic), LaTeX spacing (`\,` `\;` `\:` `\!` `\ ` `~`, `\thinspace`,
-# `\quad`), a currency symbol, and brackets or LaTeX wrappers around the number ("-(18)", "-{18}",
-# "\text{-}18", "-\left(18\right)"): none of them makes the number positive.
-_GAP = (r"(?:\s|[\u00a0\u1680\u2000-\u200b\u202f\u205f\u2060\u3000\ufeff~]|\\[,;:! ]|\\(?:thinspace|quad|qquad)\b"
-        r"|\\?\$|[({\[}]|\\left[(\[]|\\(?:text|mathrm|mathbf|textbf|mathit|operatorname)\{)*")
-_SPACE = r"[ \t\u00a0\u2000-\u200b\u202f\u3000]*"
-# A sign is unary (part of its number) unless an operand stands before it: a digit, a closing bracket or a
-# percent sign ("20 - 2" and "20 minus 2" are subtractions; "is - 18", "#### - 18", "{- 18}", "is minus 18",
-# "negative 18" are negative numbers).
-_SIGNED = re.compile(rf"(?P<before>[\d)\]}}%]?)(?P<gap0>{_SPACE})(?:-|\b(?:minus|negative)\b){_GAP}(?=\.?\d)", re.I)
+# Only the end of an answer is read: its final answer is there, and every pattern below stays cheap.
+MAX_ANSWER_CHARS = 50_000
+# Invisible characters (Unicode format characters, category Cf, plus the combining grapheme joiner, variation
+# selectors and Hangul fillers): removed before anything is read, so "-\u200c18" is "-18". A test checks
+# that the class covers every Cf code point of this Python's Unicode database.
+_INVISIBLE = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+    "\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\u034f\ufe00-\ufe0f\U000e0100-\U000e01ef"
+    "\u115f\u1160\u3164\uffa0]")
+# Every dash (Unicode category Pd) and every other minus-like sign reads as "-".
+_DASHES = str.maketrans({c: "-" for c in (
+    "\u058a\u05be\u1400\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u2e5d\u301c"
+    "\u3030\u30a0\ufe31\ufe32\ufe58\ufe63\uff0d\U00010ead"  # Pd
+    "\u2212\u02d7\u207b\u208b\u2796\u2043\u2011\u208b\u02c9\u0320")})
+
+
+def canonical_answer_text(text: str) -> str:
+    """The answer as the scorers read it: its last MAX_ANSWER_CHARS characters, invisible characters
+    removed, every dash and minus sign as "-"."""
+    return _INVISIBLE.sub("", text[-MAX_ANSWER_CHARS:]).translate(_DASHES)
+
+
+# What may stand between a unary minus and its digits without making the number positive: whitespace of any
+# width, LaTeX spacing (`\,` `\;` `\:` `\!` `\>` `\ ` `~`, `\thinspace`, `\enspace`, `\quad`, `\hskip 1pt`,
+# `\mkern2mu`, `\hspace{1em}`), math delimiters (`\(` `\)` `\[` `\]`, `$`), a currency sign, markdown (`**`,
+# backticks) and opening brackets or wrappers ("-(18)", "-{18}", "\text{-}18", "-\left(18\right)").
+# Each alternative starts differently and the loop is possessive, so matching stays linear.
+_DIMEN = r"\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc|sp)\b"
+_GAP = (r"(?:[\s\u1680\u2000-\u200a\u202f\u205f\u3000~*`({\[}\]]"
+        r"|\\(?:[,;:!> ()\[\]$]|left\b|thinspace\b|enspace\b|medspace\b|thickspace\b|quad\b|qquad\b"
+        rf"|(?:hskip|kern|mkern|mskip){_DIMEN}|hspace\*?\{{{_DIMEN}\s*\}}"
+        r"|(?:text|mathrm|mathbf|textbf|mathit|operatorname|boldsymbol|bm)\{)"
+        r"|\$)*+")
+_AFTER_SIGN = re.compile(rf"{_GAP}(?=\.?\d)")
+_SIGN = re.compile(r"-|\b(?:minus|negative)\b", re.I)
+_OPERAND_END = frozenset("0123456789)]}%")  # what ends an operand: a minus after it is a subtraction
+_SPACES = frozenset(" \t\u00a0\u1680\u202f\u205f\u3000") | frozenset(map(chr, range(0x2000, 0x200b)))
 # Thousands written with LaTeX braces or thin spaces: "1{,}234", "1\,234", "1 234" (narrow no-break space).
 _THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
 
 
 def _normalize_signs(text: str) -> str:
-    """Signs and separators as `find_numbers` reads them: every dash that is a minus becomes '-', and a unary
-    minus joins its number across spaces, LaTeX spacing and a currency sign ("− 18", "-\\,18", "- $5" ->
-    "-18", "-18", "-5"); LaTeX and thin-space thousands separators become commas ("1{,}018" -> "1,018")."""
-    text = text.translate(_DASHES)
-    text = _THOUSANDS.sub(",", text)
+    """Signs and separators as `find_numbers` reads them (after `canonical_answer_text`): a unary minus, or the
+    word "minus"/"negative", joins its number across spacing, markup and brackets ("- 18", "-\\,18", "- $5",
+    "-{18}", "minus 18" -> "-18", "-18", "-5", "-18", "-18"); a minus with an operand before it (a digit, a
+    closing bracket, %) is a subtraction and stays. LaTeX and thin-space thousands separators become commas
+    ("1{,}018" -> "1,018"). Linear in the length of the text."""
+    text = _THOUSANDS.sub(",", canonical_answer_text(text))
+    out: list[str] = []
+    last = 0
+    for m in _SIGN.finditer(text):
+        if m.start() < last:
+            continue
+        after = _AFTER_SIGN.match(text, m.end())
+        if after is None:
+            continue
+        j = m.start() - 1
+        while j >= last and text[j] in _SPACES:
+            j -= 1
+        if j >= 0 and text[j] in _OPERAND_END:
+            continue
+        out += [text[last:m.start()], "-"]
+        last = after.end()
+    out.append(text[last:])
+    return "".join(out)
 
-    def join(m: re.Match) -> str:
-        if m.group("before"):  # an operand before it: a binary minus, left as written
-            return m.group(0)
-        return m.group("gap0") + "-"
 
-    return _SIGNED.sub(join, text)
+# What a lone number may carry around it in a box or after "####": units and labels in \text{...}, currency
+# and percent signs, spacing, braces. Anything else (an operator, another number, a command such as \sqrt)
+# makes it an expression, not the number it contains.
+_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox|textrm)\{[^{}]*\}|\\[$%,;:!> ]|[${}%~]"
+                       r"|\\(?:thinspace|quad|qquad|displaystyle|left|right)\b")
+_EXPRESSION = re.compile(r"[\^!×÷*/+=<>]|\\[A-Za-z]+|[\d.)]\s*-|[\u00b2\u00b3\u00b9\u2070-\u2079]")
+
+
+def _lone_number(s: str) -> str | None:
+    """The one number in `s` ("18", "-18", "\\$1,018.50", "18 \\text{ apples}", "3/4" -> "0.75"), None for an
+    expression ("18 - 36", "2^{18}", "\\sqrt{18}", "18!", "18²") or for none or several numbers. What follows the
+    last "=" is the value ("2 \\times 9 = 18" reads 18)."""
+    s = s.rsplit("=", 1)[-1]
+    frac = _fraction_value(s)
+    if frac is not None:
+        return repr(frac)
+    units = re.sub(r"\\(?:text|textbf|mathrm|mathbf|mbox|textrm)\{([^{}]*)\}",
+                   lambda m: " " + re.sub(r"\d", "", m.group(1)) + " ", s)  # a unit's digits are not the answer
+    bare = _WRAPPERS.sub(" ", units)
+    if _EXPRESSION.search(bare):
+        return None
+    nums = find_numbers(bare)
+    return nums[0] if len(nums) == 1 else None
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
-    """The final number of a GSM8K answer as a string (commas removed), or None if it has none."""
+    """The final number of a GSM8K answer as a string (commas removed), or None if it has none.
+
+    After "####" (the rest of that line) and in the last box, exactly one number must stand
+    (`_lone_number`): "#### 18 - 36", "\\boxed{\\sqrt{18}}", "\\boxed{2^{18}}" read no number, not 18."""
     if not text:
         return None
     text = _normalize_signs(text)
     if "####" in text:
-        nums = find_numbers(text.rsplit("####", 1)[1])
-        if nums:
-            return nums[0]
+        tail = text.rsplit("####", 1)[1].strip()
+        return _lone_number(tail.split("\n", 1)[0]) if tail else None
     boxed = last_boxed(text)
     if boxed is not None:
-        frac = _fraction_value(boxed)
-        if frac is not None:
-            return repr(frac)
-        num = last_number(boxed)
-        if num is not None:
-            return num
+        return _lone_number(boxed)
     marked = _after_answer_marker(text)
     if marked is not None:
         nums = find_numbers(marked)
@@ -211,8 +268,10 @@ def _marked_math_answer(text: str) -> str | None:
 
 def extract_math_answer(text: str) -> tuple[str | None, str]:
     """(answer, how): the last `\\boxed{}` content ("boxed"), else the answer after the last "the answer
-    is" ("answer_is"), else the last number ("last_number")."""
-    boxed = last_boxed(text or "")
+    is" ("answer_is"), else the last number ("last_number"). Read from `canonical_answer_text` (every dash a
+    "-", invisible characters gone: math-verify would silently drop an en dash, "\\boxed{– 18}" read 18)."""
+    text = canonical_answer_text(text or "")
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed, "boxed"
     marked = _marked_math_answer(text or "")
@@ -237,7 +296,7 @@ sigma varsigma tau upsilon phi varphi chi psi omega Delta Theta Lambda Xi Pi Sig
 triangle angle measuredangle perp parallel mid vert lvert rvert Vert lVert rVert
 lfloor rfloor lceil rceil langle rangle lbrace rbrace lbrack rbrack
 dots ldots cdots vdots ddots to rightarrow leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow
-iff implies land lor wedge vee neg lnot forall exists prime left right displaystyle
+iff implies land lor wedge vee forall exists prime left right displaystyle
 """.split())
 _OPEN, _CLOSE = "{([", "})]"
 _CMD_RE = re.compile(r"\\([A-Za-z]+)")

@@ -7,8 +7,11 @@ import re
 _BOX_CMDS = ("\\boxed", "\\fbox")
 
 # A number as people write it: optional sign, thousands separators (only in groups of three), decimals.
-# Not inside a word ("x2", "v1.5") but a unit may follow ("5km", "10am").
-_NUMBER_RE = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|(?<![\w.])-?\.\d+")
+# Not inside a word ("x2", "v1.5") but a unit may follow ("5km", "10am"). Not the base of a power or of
+# scientific notation ("18²", "18^2", "18e3" are other numbers): the number is matched whole (atomic), then
+# must not be followed by an exponent.
+_NUMBER_RE = re.compile(r"(?<![\w.])-?(?>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+                        r"(?![\u00b2\u00b3\u00b9\u2070-\u2079^]|[eE][+-]?\d)")
 
 
 def _boxed_at(text: str, start: int) -> str | None:
