@@ -225,6 +225,7 @@ class EvalResult:
     run_statuses: list[str] = field(default_factory=list)
     run_scores: list[float] = field(default_factory=list)
     detail: str = ""
+    run_produced: list[bool] = field(default_factory=list)  # per run: a solution-writing operator was called
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -261,6 +262,7 @@ async def evaluate_workflow(
     usage = Usage()
     statuses: list[Status] = []
     scores: list[float] = []
+    produced: list[bool] = []
     answer, error, detail = "", "", ""
 
     for r in range(runs):
@@ -268,6 +270,7 @@ async def evaluate_workflow(
                                      limits=limits)
         usage.merge(res.usage)
         statuses.append(res.status)
+        produced.append(res.produced)
         s = 0.0
         if res.status == Status.OK:
             sd = await score_answer(problem, res.answer, sandbox=CodeSandbox(iso, SCORING_LIMITS))
@@ -279,7 +282,7 @@ async def evaluate_workflow(
         scores.append(s)
     status = aggregate_status(statuses)
     return EvalResult(problem.benchmark, problem.id, status, sum(scores) / runs, answer, error, usage, iso.kind,
-                      time.monotonic() - t0, [s.value for s in statuses], scores, detail)
+                      time.monotonic() - t0, [s.value for s in statuses], scores, detail, produced)
 
 
 def rejected_result(problem: Problem, e: WorkflowRejected, iso: Isolation) -> EvalResult:

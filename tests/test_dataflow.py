@@ -32,6 +32,23 @@ TRIVIAL = {
     "deleted_name_reassigned": "x = await self.custom(instruction='x')\ndel x\nx = '5'\nreturn x",
     "review_of_a_constant": "await self.custom(instruction='x')\nreturn await self.review(solution='42')",
     "loop_overwrites_each_time": "for i in range(2):\n    x = await self.custom(instruction='x')\n    x = str(i)\nreturn x",
+    # dead code: after a return or a raise, in a branch or loop that cannot run
+    "code_after_return": "return 'A'\nreturn await self.custom(instruction='x')",
+    "if_false_branch": "x = 'A'\nif False:\n    x = await self.custom(instruction='x')\nreturn x",
+    "if_not_true_branch": "x = 'A'\nif not 1:\n    x = await self.custom(instruction='x')\nreturn x",
+    "while_false_loop": "x = 'A'\nwhile False:\n    x = await self.custom(instruction='x')\nreturn x",
+    "for_over_range_0": "x = 'A'\nfor i in range(0):\n    x = await self.custom(instruction='x')\nreturn x",
+    "for_over_empty_list": "x = 'A'\nfor i in []:\n    x = await self.custom(instruction='x')\nreturn x",
+    "after_raise_in_try": "try:\n    raise ValueError('a')\n    return await self.custom(instruction='x')\n"
+                          "except ValueError:\n    return 'A'",
+    # a value computed from the output that holds nothing of it
+    "empty_slice": "x = await self.custom(instruction='x')\nreturn x[:0] + 'A'",
+    "times_zero": "x = await self.custom(instruction='x')\nreturn x * 0 + 'A'",
+    "replace_itself": "x = await self.custom(instruction='x')\nreturn x.replace(x, '') + 'A'",
+    "len_of_it": "x = await self.custom(instruction='x')\nreturn str(len(x) * 0)",
+    "a_comparison": "x = await self.custom(instruction='x')\nreturn str('42' in x)",
+    "test_of_an_emptied_solution": "s = await self.code_generate(instruction='x')\n"
+                                   "return await self.test(solution=s[:0] + 'def f(): pass')",
 }
 
 NON_TRIVIAL = {
@@ -51,6 +68,11 @@ NON_TRIVIAL = {
                       "except ValueError:\n    return x\nreturn 'no'",
     "walrus": "if (x := await self.custom(instruction='x')):\n    return x\nreturn 'none'",
     "boolop": "x = await self.custom(instruction='x')\nreturn x or 'empty'",
+    "setdefault_append": "d = {}\nd.setdefault('a', []).append(await self.custom(instruction='x'))\nreturn d['a'][0]",
+    "break_carries_it_out": "x = ''\nwhile True:\n    x = await self.custom(instruction='x')\n    break\nreturn x",
+    "continue_then_later": "x = ''\nfor i in range(3):\n    if i < 2:\n        continue\n"
+                           "    x = await self.custom(instruction='x')\nreturn x",
+    "slice_that_keeps_text": "x = await self.custom(instruction='x')\nreturn x[-200:]",
 }
 
 
@@ -82,7 +104,11 @@ def test_helpers_and_self_attributes_carry_values_across_methods():
     recursive = wf("return await self.again(2)",
                    "    async def again(self, n):\n        if n == 0:\n            return await self.custom(instruction='x')\n"
                    "        return await self.again(n - 1)\n")
-    for code in (via_attr, via_param, helper_generates, recursive):
+    fills_param = wf("xs = []\nawait self.fill(xs)\nreturn await self.sc_ensemble(solutions=xs)",
+                     "    async def fill(self, xs):\n        xs.append(await self.custom(instruction='x'))\n")
+    varargs = wf("return await self.pick(await self.custom(instruction='x'))",
+                 "    async def pick(self, *xs):\n        return xs[0]\n")
+    for code in (via_attr, via_param, helper_generates, recursive, fills_param, varargs):
         validate(code, "math")
         assert not is_trivial(code, True)
     for code in (helper_drops_it, helper_dead_call):
@@ -98,3 +124,31 @@ def test_trivial_forfeits_the_executes_rung_and_invalid_code_is_not_trivial():
     assert ladder_reward(ladder, "ok", ["ok"], 0.0, is_trivial(dead, True)) == pytest.approx(0.3)
     assert ladder_reward(ladder, "ok", ["ok"], 0.0, is_trivial(real, True)) == pytest.approx(0.5)
     assert not is_trivial(dead, False) and not is_trivial(None, True) and not is_trivial("not python(", True)
+
+
+async def test_a_run_earns_the_executes_rung_only_if_a_solution_writing_operator_ran():
+    """What static data flow cannot decide (a condition it cannot fold), the run's trace does: the workflow
+    below is not trivial by its code, but its runs never call `custom`, so they get no executes credit."""
+    from spogw_dagster.contracts import Problem
+    from spogw_dagster.evaluation import evaluate_workflow
+    from spogw_dagster.isolation import detect_isolation
+    from spogw_dagster.pipeline.rewards import executes_share
+    from tests.fakes import ScriptedExecutor
+
+    never = wf("x = 'A'\nif len('ab') == 3:\n    x = await self.custom(instruction='x')\n"
+               "return await self.review(solution=x)")
+    always = wf("x = await self.custom(instruction='x')\nreturn await self.review(solution=x)")
+    problem = Problem("gsm8k", "q", "What is 6 times 7?", answer="42", family="math")
+    iso = detect_isolation()
+    ladder = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+    results = {}
+    for name, code in (("never", never), ("always", always)):
+        validate(code, "math")
+        assert not is_trivial(code, True)
+        results[name] = await evaluate_workflow(code, problem, ScriptedExecutor("\\boxed{41}"), iso, runs=2)
+    assert [r.status.value for r in results.values()] == ["ok", "ok"]
+    assert results["never"].run_produced == [False, False] and results["always"].run_produced == [True, True]
+    assert executes_share(results["never"].run_statuses, results["never"].run_produced) == 0.0
+    assert executes_share(results["always"].run_statuses, results["always"].run_produced) == 1.0
+    r = results["never"]
+    assert ladder_reward(ladder, "ok", r.run_statuses, 0.0, False, r.run_produced) == pytest.approx(0.3)

@@ -115,3 +115,12 @@ async def test_a_timeout_is_charged_to_the_request_only_when_it_repeats_after_a_
         ex = client()
         assert (await ex.chat(FINE, PARAMS)).text.startswith("echo:")
         assert (ex.recovered, ex.request_faults) == (1, 0)
+
+
+async def test_a_recovered_call_reports_the_time_it_really_took():
+    """The failed attempts and the control count toward the workflow's operator-time budget (latency_s)."""
+    with FakeOpenAIServer() as srv:
+        srv.script(error(503, delay_s=0.3), error(503, delay_s=0.3))
+        ex = _client(srv, retries=1)
+        res = await ex.chat(FINE, PARAMS)
+        assert ex.recovered == 1 and res.latency_s >= 0.6

@@ -25,6 +25,7 @@ control per burst, not one per call. The control never goes through the call cac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -65,6 +66,7 @@ class FaultAttributingExecutor:
         return getattr(self.inner, name)
 
     async def chat(self, messages: list[dict], params: SamplingParams) -> ChatResult:
+        t0 = time.monotonic()
         try:
             return await self.inner.chat(messages, params)
         except RequestFaultError:
@@ -83,7 +85,8 @@ class FaultAttributingExecutor:
                 except ExecutorError as again:
                     raise self._blame(again, "failed twice") from None
                 self.recovered += 1
-                return result
+                # the failed attempts and the control served this call too: the workflow's budget counts them
+                return dataclasses.replace(result, latency_s=max(result.latency_s, time.monotonic() - t0))
             raise self._blame(first, "failed") from None
 
     def _blame(self, e: ExecutorError, how: str) -> RequestFaultError:

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.workflow.dataflow import returns_operator_output
+from spogw_dagster.workflow.template import PRODUCING_OPERATORS
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,6 @@ class Ladder:
             raise ValueError(f"reward weights must be >= 0 and sum to <= 1, got {ws}")
 
 
-# Operators that write a solution from the query; a valid workflow calling none of them returns a constant
-# or re-checks nothing: the reward trap.
-PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
 
 
 def is_trivial(code: str | None, valid: bool) -> bool:
@@ -52,13 +50,26 @@ def is_trivial(code: str | None, valid: bool) -> bool:
     return returns_operator_output(code, PRODUCING_OPERATORS) is False  # None: not a workflow (never valid)
 
 
+def executes_share(run_statuses: Sequence[str], run_produced: Sequence[bool] = (), *, valid: bool = True,
+                   trivial: bool = False) -> float:
+    """The executes rung: the share of runs that finished with a result (status ok) *and* called an operator
+    that writes a solution (`run_produced`, from the run's operator trace: a call the data flow cannot rule
+    out statically, say under `if False:` or after a `return`, must also have happened). 0 for an invalid or a
+    trivial workflow. An empty `run_produced` (rows from before it was recorded) counts every run."""
+    runs = list(run_statuses)
+    if not runs or not valid or trivial:
+        return 0.0
+    produced = list(run_produced) or [True] * len(runs)
+    return sum(s == Status.OK.value and p for s, p in zip(runs, produced)) / len(runs)
+
+
 def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float,
-                  trivial: bool = False) -> float:
-    """The ladder reward of one workflow in [0, 1]; `trivial` (see `is_trivial`) forfeits the executes rung."""
+                  trivial: bool = False, run_produced: Sequence[bool] = ()) -> float:
+    """The ladder reward of one workflow in [0, 1]; `trivial` (see `is_trivial`) forfeits the executes rung, and
+    only runs that called a solution-writing operator earn it (`executes_share`)."""
     fmt = 0.0 if parse_status == Status.FORMAT_ERROR.value else 1.0
     valid = 1.0 if parse_status == Status.OK.value else 0.0
-    runs = list(run_statuses)
-    executes = (sum(s == Status.OK.value for s in runs) / len(runs)) if runs and valid and not trivial else 0.0
+    executes = executes_share(run_statuses, run_produced, valid=bool(valid), trivial=trivial)
     answer = float(answer_score) if valid else 0.0
     r = ladder.format * fmt + ladder.valid * valid + ladder.executes * executes + ladder.answer * answer
     return min(1.0, max(0.0, r))

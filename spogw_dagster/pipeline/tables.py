@@ -14,7 +14,7 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 
-from .rewards import Ladder, is_trivial, ladder_reward
+from .rewards import Ladder, executes_share, is_trivial, ladder_reward
 
 # ------------------------------------------------------------------------------------------------
 # sampled_workflows
@@ -133,7 +133,8 @@ def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: 
     return {
         "iteration": iteration, "query_id": query_id, "sample_idx": sample_idx,
         "status": result.status.value, "trivial": trivial,
-        "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score, trivial),
+        "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score, trivial,
+                               getattr(result, "run_produced", ())),
         "answer_score": answer_score, "runs": len(result.run_statuses),
         "run_statuses": list(result.run_statuses),
         "run_scores": [float(x) for x in result.run_scores],
@@ -472,6 +473,7 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
     """One heldout_results row from a sample's origin and its `evaluation.EvalResult`."""
     valid = s.parse_status == Status.OK.value
     runs = list(result.run_statuses)
+    produced = list(getattr(result, "run_produced", ()))
     answer = float(result.score) if valid else 0.0
     trivial = is_trivial(s.workflow, valid)
     return {
@@ -480,8 +482,8 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         "exec_seed": s.exec_seed, "temperature": s.temperature, "parse_status": s.parse_status,
         "status": result.status.value, "valid": valid,
         # the reward's executes rung exactly: a trivial workflow (its answer is no operator's output) earns none
-        "executes": (sum(x == Status.OK.value for x in runs) / len(runs)) if runs and valid and not trivial else 0.0,
-        "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial), "answer_score": answer,
+        "executes": executes_share(runs, produced, valid=valid, trivial=trivial),
+        "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial, produced), "answer_score": answer,
         "trivial": trivial, "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
         "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,

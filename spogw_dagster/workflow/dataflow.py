@@ -26,6 +26,7 @@ __all__ = ["returns_operator_output"]
 
 SRC = "<operator output>"
 _MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
+_SUMMARIES = frozenset({"len", "bool", "isinstance"})  # builtins whose result says something about x, not x
 Labels = frozenset
 State = dict  # variable name -> Labels
 
@@ -44,9 +45,17 @@ class _Program:
     summaries: dict[str, frozenset[str]] = field(default_factory=dict)  # method -> labels of its return
     attrs: dict[str, frozenset[str]] = field(default_factory=dict)  # self.<attr> -> labels (all methods)
 
+    mutations: dict[str, dict[str, frozenset[str]]] = field(default_factory=dict)  # method -> param -> labels
+
     def params(self, name: str) -> list[str]:
         a = self.methods[name].args
-        return [p.arg for p in (*a.posonlyargs, *a.args)][1:] + [p.arg for p in a.kwonlyargs]
+        named = [p.arg for p in (*a.posonlyargs, *a.args)][1:] + [p.arg for p in a.kwonlyargs]
+        return named + [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+
+    def positional(self, name: str) -> tuple[list[str], str | None]:
+        """The method's positional parameters (self excluded) and its *args name."""
+        a = self.methods[name].args
+        return [p.arg for p in (*a.posonlyargs, *a.args)][1:], (a.vararg.arg if a.vararg else None)
 
 
 class _Function:
@@ -56,10 +65,19 @@ class _Function:
         self.prog, self.fn = prog, fn
         self.returns: frozenset[str] = frozenset()
         self.attr_writes: dict[str, frozenset[str]] = {}
+        self._loops: list[dict[str, list[State]]] = []  # per enclosing loop: states at its break / continue
+        self._raised: list[State] = []  # states at a raise (a try's handlers start from them)
+        self.exits: list[State] = []  # states where the method returns (what its parameters hold then)
+        self.mutations: dict[str, frozenset[str]] = {}
 
     def run(self) -> None:
-        state: State = {p: frozenset({f"param:{p}"}) for p in self.prog.params(self.fn.name)}
-        self.block(self.fn.body, state)
+        params = self.prog.params(self.fn.name)
+        state: State = {p: frozenset({f"param:{p}"}) for p in params}
+        end = self.block(self.fn.body, state)
+        self.exits.extend([end] if end is not None else [])
+        self.mutations = {p: frozenset().union(*(e.get(p, frozenset()) for e in self.exits)) - {f"param:{p}"}
+                          for p in params}
+        self.mutations = {p: v for p, v in self.mutations.items() if v}
 
     # ------------------------------------------------------------------ expressions
     def ev(self, node: ast.AST | None, st: State) -> frozenset[str]:
@@ -75,6 +93,15 @@ class _Function:
             return self.call(node, st)
         if isinstance(node, ast.IfExp):  # the condition picks a value; it does not carry one
             return self.ev(node.body, st) | self.ev(node.orelse, st)
+        if isinstance(node, (ast.Compare, ast.UnaryOp)) and (isinstance(node, ast.Compare)
+                                                             or isinstance(node.op, ast.Not)):
+            self.ev(node.left if isinstance(node, ast.Compare) else node.operand, st)  # (walrus stores)
+            return frozenset()  # a truth value is no solution
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (_is_zero(node.left)
+                                                                             or _is_zero(node.right)):
+            return frozenset()  # x * 0 is empty, whatever x held
+        if isinstance(node, ast.Subscript) and _empty_slice(node.slice):
+            return frozenset()  # x[:0], x[3:3]
         if isinstance(node, ast.NamedExpr):
             v = self.ev(node.value, st)
             self.assign(node.target, v, st)
@@ -103,19 +130,36 @@ class _Function:
                 return frozenset({SRC})
             if f.attr in self.prog.methods:  # the method's summary, its parameters bound to these arguments
                 summary = self.prog.summaries.get(f.attr, frozenset())
-                bound = dict(zip(self.prog.params(f.attr), args))
+                names, star = self.prog.positional(f.attr)
+                bound = dict(zip(names, args))
+                if star is not None:
+                    bound[star] = frozenset().union(*args[len(names):])
                 bound.update({k: v for k, v in kwargs.items() if k})
-                out = summary & {SRC}
-                for label in summary:
-                    if label.startswith("param:"):
-                        out |= bound.get(label[6:], frozenset())
-                return frozenset(out)
+
+                def resolve(labels: frozenset[str]) -> frozenset[str]:
+                    out = labels & {SRC}
+                    for label in labels:
+                        if label.startswith("param:"):
+                            out |= bound.get(label[6:], frozenset())
+                    return frozenset(out)
+
+                # arguments the method fills (xs.append(...) on a parameter) now hold what it put there
+                exprs = dict(zip(names, node.args))
+                exprs.update({kw.arg: kw.value for kw in node.keywords if kw.arg})
+                for param, labels in self.prog.mutations.get(f.attr, {}).items():
+                    if param in exprs and resolve(labels):
+                        self.weak(exprs[param], resolve(labels), st)
+                return resolve(summary)
             return everything  # another operator (test, review, sc_ensemble): a function of its inputs
         if isinstance(f, ast.Attribute):  # a str/list/dict method: of its receiver and its arguments
             receiver = self.ev(f.value, st)
+            if f.attr == "replace" and node.args and ast.dump(node.args[0]) == ast.dump(f.value):
+                return everything - receiver if receiver else everything  # x.replace(x, y) is y
             if f.attr in _MUTATORS and everything:
                 self.weak(f.value, everything, st)
             return receiver | everything
+        if isinstance(f, ast.Name) and f.id in _SUMMARIES:  # len(x), bool(x), isinstance(x, str): not a solution
+            return frozenset()
         return everything | (self.ev(f, st) if not isinstance(f, ast.Name) else frozenset())
 
     # ------------------------------------------------------------------ stores
@@ -140,20 +184,24 @@ class _Function:
 
     def weak(self, target: ast.AST, v: frozenset[str], st: State) -> None:
         """Add `v` to what `target` (a container, an element of one, or an attribute of self) holds."""
-        while isinstance(target, ast.Subscript):
-            target = target.value
+        while isinstance(target, ast.Subscript) or (isinstance(target, ast.Call)
+                                                    and isinstance(target.func, ast.Attribute)):
+            target = target.value if isinstance(target, ast.Subscript) else target.func.value
         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             self.attr_writes[target.attr] = self.attr_writes.get(target.attr, frozenset()) | v
         elif isinstance(target, ast.Name):
             st[target.id] = st.get(target.id, frozenset()) | v
 
     # ------------------------------------------------------------------ statements
-    def block(self, body: list[ast.stmt], st: State) -> State:
+    # A state is None where control cannot reach (after return, raise, break, continue, in a dead branch).
+    def block(self, body: list[ast.stmt], st: State | None) -> State | None:
         for stmt in body:
+            if st is None:
+                return None  # the rest is dead code: what it computes is never returned
             st = self.stmt(stmt, st)
         return st
 
-    def stmt(self, s: ast.stmt, st: State) -> State:
+    def stmt(self, s: ast.stmt, st: State) -> State | None:
         st = dict(st)
         if isinstance(s, ast.Assign):
             v = self.ev(s.value, st)
@@ -164,7 +212,11 @@ class _Function:
                 self.assign(s.target, self.ev(s.value, st), st)
         elif isinstance(s, ast.AugAssign):
             v = self.ev(s.value, st)
-            if isinstance(s.target, ast.Name):
+            if isinstance(s.op, ast.Mult) and _is_zero(s.value):
+                v = frozenset()
+                if isinstance(s.target, ast.Name):
+                    st[s.target.id] = v
+            elif isinstance(s.target, ast.Name):
                 st[s.target.id] = st.get(s.target.id, frozenset()) | v
             else:
                 self.weak(s.target, v, st)
@@ -172,37 +224,134 @@ class _Function:
             self.ev(s.value, st)
         elif isinstance(s, ast.Return):
             self.returns |= self.ev(s.value, st)
+            self.exits.append(st)
+            return None
+        elif isinstance(s, ast.Raise):
+            self.ev(s.exc, st)
+            self._raised.append(st)
+            return None
+        elif isinstance(s, (ast.Break, ast.Continue)):
+            if self._loops:
+                self._loops[-1]["break" if isinstance(s, ast.Break) else "continue"].append(st)
+            return None
         elif isinstance(s, ast.If):
             self.ev(s.test, st)  # for walrus assignments in the condition
-            st = _join(self.block(s.body, dict(st)), self.block(s.orelse, dict(st)))
+            truth = _constant_truth(s.test)
+            body = self.block(s.body, dict(st)) if truth is not False else None
+            orelse = self.block(s.orelse, dict(st)) if truth is not True else None
+            return _join_opt(body, orelse)
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
-            st = self.loop(s, st)
+            return self.loop(s, st)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
-            after_body = self.block(s.body, dict(st))
-            anywhere = _join(st, after_body)  # an exception may leave the body at any point
-            out = self.block(s.orelse, after_body)
+            raised_before = len(self._raised)
+            seen = [st]  # an exception may leave the body between any two of its statements
+            cur: State | None = dict(st)
+            for stmt in s.body:
+                if cur is None:
+                    break
+                cur = self.stmt(stmt, cur)
+                if cur is not None:
+                    seen.append(cur)
+            seen += self._raised[raised_before:]
+            del self._raised[raised_before:]  # raised inside this try: the handlers may catch them
+            anywhere: State = {}
+            for state in seen:
+                anywhere = _join(anywhere, state)
+            out = self.block(s.orelse, cur) if cur is not None else None
             for h in s.handlers:
-                out = _join(out, self.block(h.body, dict(anywhere)))
-            st = self.block(s.finalbody, out)
+                out = _join_opt(out, self.block(h.body, dict(anywhere)))
+            if s.finalbody:
+                out = self.block(s.finalbody, out if out is not None else dict(anywhere))
+            return out
         elif isinstance(s, ast.Delete):
             for t in s.targets:
                 if isinstance(t, ast.Name):
                     st.pop(t.id, None)
         return st
 
-    def loop(self, s: ast.For | ast.AsyncFor | ast.While, st: State) -> State:
+    def loop(self, s: ast.For | ast.AsyncFor | ast.While, st: State) -> State | None:
+        if isinstance(s, ast.While) and _constant_truth(s.test) is False or (
+                not isinstance(s, ast.While) and _empty_iterable(s.iter)):
+            return self.block(s.orelse, st)  # the body never runs
         head = st
+        exits: list[State] = []
         for _ in range(64):  # labels only grow, so this converges; the bound is a guard
             body_in = dict(head)
             if isinstance(s, ast.While):
                 self.ev(s.test, body_in)
             else:
                 self.assign(s.target, self.ev(s.iter, body_in), body_in)
-            new_head = _join(head, self.block(s.body, body_in))
+            self._loops.append({"break": [], "continue": []})
+            end = self.block(s.body, body_in)
+            jumps = self._loops.pop()
+            exits = jumps["break"]
+            new_head = head
+            for state in [end, *jumps["continue"]]:
+                if state is not None:
+                    new_head = _join(new_head, state)
             if new_head == head:
                 break
             head = new_head
-        return self.block(s.orelse, head)
+        forever = isinstance(s, ast.While) and _constant_truth(s.test) is True
+        out = None if forever else self.block(s.orelse, head)  # `while True` ends only by break
+        for state in exits:
+            out = _join_opt(out, state)
+        return out
+
+
+def _join_opt(a: State | None, b: State | None) -> State | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return _join(a, b)
+
+
+def _constant_truth(node: ast.AST) -> bool | None:
+    """The truth of a condition written as a constant (`False`, `0`, `''`, `not True`), None otherwise."""
+    if isinstance(node, ast.Constant):
+        return bool(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _constant_truth(node.operand)
+        return None if inner is None else not inner
+    return None
+
+
+def _is_zero(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and not isinstance(node.value, str) and node.value == 0
+
+
+def _const_int(node: ast.AST | None) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        v = _const_int(node.operand)
+        return None if v is None else -v
+    return None
+
+
+def _empty_slice(node: ast.AST) -> bool:
+    """`[:0]`, `[n:n]`, `[5:2]` with constant bounds (and no step): an empty result."""
+    if not isinstance(node, ast.Slice) or node.step is not None or node.upper is None:
+        return False
+    lo, hi = (0 if node.lower is None else _const_int(node.lower)), _const_int(node.upper)
+    return lo is not None and hi is not None and lo >= 0 and hi >= 0 and hi <= lo
+
+
+def _empty_iterable(node: ast.AST) -> bool:
+    """`range(0)`, `range(5, 2)`, `[]`, `()`, `''`: a loop over it never runs its body."""
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and not node.elts:
+        return True
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and not node.value:
+        return True
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+            and not node.keywords and 1 <= len(node.args) <= 2):
+        bounds = [_const_int(a) for a in node.args]
+        if None in bounds:
+            return False
+        lo, hi = (0, bounds[0]) if len(bounds) == 1 else bounds
+        return hi <= lo
+    return False
 
 
 def returns_operator_output(code: str, producing: frozenset[str]) -> bool | None:
@@ -226,6 +375,9 @@ def returns_operator_output(code: str, producing: frozenset[str]) -> bool | None
                 f.run()
                 if prog.summaries.get(name) != f.returns:
                     prog.summaries[name] = f.returns
+                    changed = True
+                if prog.mutations.get(name, {}) != f.mutations:
+                    prog.mutations[name] = f.mutations
                     changed = True
                 for attr, v in f.attr_writes.items():
                     if not v <= prog.attrs.get(attr, frozenset()):

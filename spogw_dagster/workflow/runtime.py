@@ -49,7 +49,7 @@ from .parser import (
     WorkflowRejected,
     validate,
 )
-from .template import operator_names
+from .template import PRODUCING_OPERATORS, operator_names
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class WorkflowRunResult:
     isolation: str = ""
     wall_s: float = 0.0
     trace: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def produced(self) -> bool:
+        """Whether the run called an operator that writes a solution (and got its output)."""
+        return any(t["op"] in PRODUCING_OPERATORS for t in self.trace)
 
 
 class _FaultTimer(MeteredExecutor):
@@ -127,7 +132,11 @@ async def execute_workflow(
                     operator_names(problem.family))
     script = str(runner or runner_path())
     argv = [sys.executable, "-I", "-S", RUNNER_IN_SANDBOX if iso.kind != "none" else script]
-    sp = await spawn(iso, argv, limits, [(script, RUNNER_IN_SANDBOX)] if iso.kind == "bwrap" else [])
+    try:
+        sp = await spawn(iso, argv, limits, [(script, RUNNER_IN_SANDBOX)] if iso.kind == "bwrap" else [])
+    except SandboxStartError as e:  # EAGAIN, EMFILE, a missing binary: ours, before any workflow code ran
+        return WorkflowRunResult(Status.EXECUTOR_ERROR, error=f"sandbox failed to start: {e}", isolation=iso.kind,
+                                 wall_s=time.monotonic() - t0)
     stderr = bytearray()
     status, answer, error = Status.RUNTIME_ERROR, "", ""
     executor_failed: str | None = None

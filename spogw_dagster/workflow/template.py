@@ -43,6 +43,10 @@ OPERATORS: dict[str, OperatorSpec] = {
     ]
 }
 
+# Operators that write a solution from the query (the others pass their inputs on: test, review, sc_ensemble).
+# A workflow whose answer is not one of their outputs did not attempt the task (`dataflow`, `rewards.is_trivial`).
+PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
+
 FAMILY_OPERATORS: dict[str, tuple[str, ...]] = {
     "code": ("code_generate", "sc_ensemble", "test"),
     "math": ("custom", "programmer", "sc_ensemble", "review"),
