@@ -194,6 +194,18 @@ async def test_the_operator_time_budget_counts_service_not_queueing():
     assert res.status == Status.OK and res.usage.llm_calls == 6 and time.monotonic() - t0 > 2.4
 
 
+async def test_calls_in_flight_unserved_for_too_long_are_an_internal_error_never_excluded():
+    """Calls that stay in flight but are not served (an executor queue that never moves, or our own operator
+    code stalling on some input) end the run at the backstop as a loud runtime_error, not executor_error."""
+    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+
+    res = await execute_workflow(wf("return await self.custom(instruction='solve it')"), MATH,
+                                 _Timed(0.0, queue_s=30), detect_isolation(),
+                                 op_cfg=OperatorConfig(max_operator_wall_s=0.2), limits=Limits(wall_s=1, cpu_s=10))
+    assert res.status == Status.RUNTIME_ERROR and res.error.startswith(INTERNAL_ERROR), res.error
+    assert "overloaded, or our operator code stalled" in res.error and res.wall_s < 10
+
+
 async def test_a_program_that_floods_its_output_at_once_is_its_failure_not_a_sandbox_start_error(isolation):
     """The ready line precedes the program; a flood on stdout must not hide it (once a race: the stdout reader
     hit the cap before the stderr reader saw the line, and the run became a sandbox start failure)."""

@@ -130,6 +130,25 @@ GSM8K_NOT_18 = [
 ]
 
 
+GSM8K_NOT_18 += [
+    "#### -\u17b418", "#### -\u180b18", "#### -\u280018", "#### -\u030118", "\\boxed{{}- 18}", "\\boxed{\\text{} - 18}",
+    "-\\boxed{18}", "#### \u221a18", "#### 18\u00bd", "#### [answer] - 18", "#### -&nbsp;18", "#### &minus;18",
+    "\\boxed{\\text{negative } 18}", "#### neg. 18", "#### 18:1", "#### 18\u2030",
+    "First try: \\boxed{18}. Corrected: \\boxed{{-}20}", "First try: \\boxed{18}. Corrected: \\boxed{\\text{-}20}",
+]
+HONEST_18 = ["\\boxed{18}", "#### 18", "#### 18\n", "The answer is $18.", "**Answer:** 18", "\\boxed{18 \\text{ apples}}",
+             "\\boxed{\\$18}", "\\boxed{18.00}", "#### **18**", "\\boxed{\\text{18}}", "\\boxed{\\textbf{18}}",
+             "\\boxed{\\mathbf{18}}", "\\boxed{18 \\text{ km/h}}", "#### 18 km/h", "#### $\\boxed{18}$", "\\boxed{18^\\circ}",
+             "#### 18 - the number of apples", "#### 18 (20 - 2)", "\\boxed{18 \\text{ cm}^2}", "\\boxed{\\textstyle 18}",
+             "\\boxed{\\underline{18}}", "\\boxed{x = 18}", "\\boxed{2 \\times 9 = 18}", "#### 18%", "\\boxed{18\\%}"]
+
+
+@pytest.mark.parametrize("text", HONEST_18)
+def test_gsm8k_honest_formats_of_a_correct_answer_score_one(text):
+    assert score_gsm8k(text, "18").score == 1.0, ascii(text)
+    assert score_gsm8k("\\boxed{1,\\!018}", "1018").score == 1.0 and score_gsm8k("#### 1{,}018", "1018").score == 1.0
+
+
 @pytest.mark.parametrize("text", GSM8K_NOT_18)
 def test_gsm8k_numbers_written_as_other_numbers_score_zero(text):
     assert score_gsm8k(text, "18").score == 0.0, ascii(text)
@@ -137,7 +156,9 @@ def test_gsm8k_numbers_written_as_other_numbers_score_zero(text):
 
 @pytest.mark.parametrize("text", ["\\boxed{\u2013 18}", "\\boxed{\u2014 18}", "\\boxed{\u2011 18}", "\\boxed{\ufe63 18}",
                                   "\\boxed{\u2796 18}", "\\boxed{\\neg 18}", "The answer is -\u200c18 apples.",
-                                  "So we get \u02d718", "So we get -\u200c18"])
+                                  "So we get \u02d718", "So we get -\u200c18", "The answer is $-\u00a018$.",
+                                  "\\boxed{-\u2800 18}", "\\boxed{-\u0301 18}", "\\boxed{{}- 18}", "$-\\boxed{18}$",
+                                  "\\boxed{-\x85 18}"])
 def test_math_dashes_and_invisible_characters_are_read_before_math_verify(text):
     assert score_math(text, "18").score == 0.0, ascii(text)
     assert score_math("\\boxed{\u2013\\frac{1}{2}}", "\\frac{1}{2}").score == 0.0
@@ -170,6 +191,23 @@ def test_sign_rules_stay_linear_on_hostile_text():
         _normalize_signs(text)
         extract_gsm8k_answer(text)
         assert time.monotonic() - t0 < 10.0, ascii(text[:20])
+
+
+@pytest.mark.parametrize("piece", ["\\boxed{", "$", "\\(", "-", "- \u00a0", "####", "the answer is ", "{", "}", "1,",
+                                   "\\frac{", "\\text{", "1 ", "e1", "**", "&nbsp;", "-{", "Answer: "])
+def test_every_reader_stays_linear_on_a_400k_hostile_answer(piece):
+    """An answer is up to 4 MB of workflow-chosen text, read by the scorers and by `sc_ensemble`'s voting on the
+    parent's event loop: a quadratic reader (an unclosed `\\boxed{` repeated once took 2.4 s per 20k characters)
+    would freeze every run in flight. A hang guard with a generous bound, not a speed target."""
+    import time
+
+    from spogw_dagster.workflow.operators import vote_key
+
+    text = piece * (400_000 // len(piece)) + "18"
+    t0 = time.monotonic()
+    score_gsm8k(text, "18"), score_math(text, "18"), score_qa(text, ["18"])
+    vote_key("math", text), vote_key("qa", text)
+    assert time.monotonic() - t0 < 20.0
 
 
 def test_gsm8k_details():

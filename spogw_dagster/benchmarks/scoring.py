@@ -51,6 +51,7 @@ bounded by math-verify's timeouts in the main thread only.
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 import string
@@ -61,7 +62,7 @@ from typing import Any
 from ..contracts import Problem
 from .code_tests import CodeSandbox, ScoreDetail, score_code
 from .registry import BENCHMARK_SCORERS
-from .textutil import find_numbers, last_boxed, last_number, to_float
+from .textutil import NUMBER_RE as _NUMBER_AT, find_numbers, last_boxed, last_boxed_span, last_number, to_float
 
 log = logging.getLogger(__name__)
 
@@ -108,44 +109,64 @@ def _after_answer_marker(text: str) -> str | None:
 
 # Only the end of an answer is read: its final answer is there, and every pattern below stays cheap.
 MAX_ANSWER_CHARS = 50_000
-# Invisible characters (Unicode format characters, category Cf, plus the combining grapheme joiner, variation
-# selectors and Hangul fillers): removed before anything is read, so "-\u200c18" is "-18". A test checks
-# that the class covers every Cf code point of this Python's Unicode database.
+# Invisible characters: Unicode's default-ignorable code points (format characters, category Cf, the combining
+# grapheme joiner, variation selectors, Hangul fillers, Khmer inherent vowels, Mongolian free variation
+# selectors, tags...), removed before anything is read, so "-\u200c18" is "-18". A test checks that the class
+# covers every Cf code point of this Python's Unicode database.
 _INVISIBLE = re.compile(
-    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064"
-    "\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
-    "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\u034f\ufe00-\ufe0f\U000e0100-\U000e01ef"
-    "\u115f\u1160\u3164\uffa0]")
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\ufeff\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff\u034f\ufe00-\ufe0f\u115f\u1160\u17b4\u17b5\u3164\uffa0]")
 # Every dash (Unicode category Pd) and every other minus-like sign reads as "-".
 _DASHES = str.maketrans({c: "-" for c in (
     "\u058a\u05be\u1400\u1806\u2010\u2011\u2012\u2013\u2014\u2015\u2e17\u2e1a\u2e3a\u2e3b\u2e40\u2e5d\u301c"
     "\u3030\u30a0\ufe31\ufe32\ufe58\ufe63\uff0d\U00010ead"  # Pd
-    "\u2212\u02d7\u207b\u208b\u2796\u2043\u2011\u208b\u02c9\u0320")})
+    "\u2212\u02d7\u207b\u208b\u2796\u2043\u02c9\u0320")})
+# Combining marks drawn on a minus ("-\u0301") leave it a minus; an empty group `{}` and a group holding only a
+# sign (`{-}`, `\text{-}`) render as nothing and as a minus.
+_MARKED_DASH = re.compile("-[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
+_EMPTY_GROUP = re.compile(r"(?<![A-Za-z])\{\s*\}")
+_SIGN_GROUP = re.compile(r"\\(?:text|mathrm|textrm|mbox)\{\s*(-|negative|minus)\s*\}|(?<![A-Za-z])\{\s*-\s*\}")
+_EMPTY_TEXT = re.compile(r"\\(?:text|mathrm|textrm|mbox|textbf|mathbf)\{\s*\}")
+# Drawn as a space (or as nothing): a braille blank, control characters that break lines.
+_BLANKS = str.maketrans({c: " " for c in "\u2800\u0085\u000b\u000c\u001c\u001d\u001e\u001f\u2028\u2029"})
+_UNICODE_SPACES = str.maketrans({c: " " for c in "\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+                                 "\u2007\u2008\u2009\u200a\u202f\u205f\u3000"})
 
 
 def canonical_answer_text(text: str) -> str:
     """The answer as the scorers read it: its last MAX_ANSWER_CHARS characters, invisible characters
-    removed, every dash and minus sign as "-"."""
-    return _INVISIBLE.sub("", text[-MAX_ANSWER_CHARS:]).translate(_DASHES)
+    removed, HTML entities decoded, every dash and minus sign as "-", empty groups and sign-only groups as what
+    they render."""
+    text = text[-MAX_ANSWER_CHARS:]
+    if "&" in text:  # HTML entities: "&minus;18", "-&nbsp;18"
+        text = html.unescape(text)
+    text = _INVISIBLE.sub("", text).translate(_DASHES).translate(_BLANKS)
+    if "-" in text:
+        text = _MARKED_DASH.sub("-", text)
+    if "{" in text:
+        text = _SIGN_GROUP.sub(lambda m: " " + (m.group(1) or "-") + " ", _EMPTY_GROUP.sub("", _EMPTY_TEXT.sub("", text)))
+    return text
 
 
 # What may stand between a unary minus and its digits without making the number positive: whitespace of any
 # width, LaTeX spacing (`\,` `\;` `\:` `\!` `\>` `\ ` `~`, `\thinspace`, `\enspace`, `\quad`, `\hskip 1pt`,
 # `\mkern2mu`, `\hspace{1em}`), math delimiters (`\(` `\)` `\[` `\]`, `$`), a currency sign, markdown (`**`,
-# backticks) and opening brackets or wrappers ("-(18)", "-{18}", "\text{-}18", "-\left(18\right)").
+# backticks) and opening brackets or wrappers ("-(18)", "-{18}", "-\left(18\right)"; never a closing one:
+# "{-}" and "\text{-}" are read as "-" beforehand, so no bracket of the text is lost).
 # Each alternative starts differently and the loop is possessive, so matching stays linear.
 _DIMEN = r"\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc|sp)\b"
-_GAP = (r"(?:[\s\u1680\u2000-\u200a\u202f\u205f\u3000~*`({\[}\]]"
+_GAP = (r"(?:[\s\u1680\u2000-\u200a\u202f\u205f\u3000~*`({\[]"
         r"|\\(?:[,;:!> ()\[\]$]|left\b|thinspace\b|enspace\b|medspace\b|thickspace\b|quad\b|qquad\b"
         rf"|(?:hskip|kern|mkern|mskip){_DIMEN}|hspace\*?\{{{_DIMEN}\s*\}}"
         r"|(?:text|mathrm|mathbf|textbf|mathit|operatorname|boldsymbol|bm)\{)"
         r"|\$)*+")
 _AFTER_SIGN = re.compile(rf"{_GAP}(?=\.?\d)")
-_SIGN = re.compile(r"-|\b(?:minus|negative)\b", re.I)
+_SIGN = re.compile(r"-|\b(?:minus|negative|neg\.)(?!\w)", re.I)
 _OPERAND_END = frozenset("0123456789)]}%")  # what ends an operand: a minus after it is a subtraction
 _SPACES = frozenset(" \t\u00a0\u1680\u202f\u205f\u3000") | frozenset(map(chr, range(0x2000, 0x200b)))
 # Thousands written with LaTeX braces or thin spaces: "1{,}234", "1\,234", "1 234" (narrow no-break space).
-_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
+_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}(?:\\!)?|,\\!|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
 
 
 def _normalize_signs(text: str) -> str:
@@ -174,29 +195,45 @@ def _normalize_signs(text: str) -> str:
     return "".join(out)
 
 
-# What a lone number may carry around it in a box or after "####": units and labels in \text{...}, currency
-# and percent signs, spacing, braces. Anything else (an operator, another number, a command such as \sqrt)
-# makes it an expression, not the number it contains.
-_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|mbox|textrm)\{[^{}]*\}|\\[$%,;:!> ]|[${}%~]"
-                       r"|\\(?:thinspace|quad|qquad|displaystyle|left|right)\b")
-_EXPRESSION = re.compile(r"[\^!×÷*/+=<>]|\\[A-Za-z]+|[\d.)]\s*-|[\u00b2\u00b3\u00b9\u2070-\u2079]")
+# What may stand around the number in a box or after "####": labels and units (in \text{...}, where their own
+# operators do not count: "km/h"), degree, currency and percent signs, spacing, markdown, braces, a box.
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|bm|boldsymbol|underline)"
+                        r"\{([^{}]*)\}(?:\s*\^\s*(?:\d|\{\s*\d\s*\}))?")  # a unit's own power: "\text{ m}^2"
+_BOX_WRAP = re.compile(r"\\(?:boxed|fbox)\{([^{}]*)\}")
+_DECOR = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\[%$,;:!> ]|[%$]|\\(?:thinspace|quad|qquad|displaystyle"
+                    r"|textstyle|scriptstyle|left|right|dfrac|tfrac)\b|[{}~*`]")
+# Before the number: nothing that makes it part of an expression (an operator, a command such as \sqrt, a
+# digit). After it: no operator, no exponent or vulgar fraction, no digit group ("18 000"), no binary minus.
+_BEFORE_EXPR = re.compile(r"[\d\\^√∛∜×÷*/+=<>!-]")  # a "-" left before the number is binary ("[x] - 18")
+_AFTER_EXPR = re.compile(r"\s*(?:[\^!×÷*/+<>\\\u00b2\u00b3\u00b9\u2070-\u2079\u00bc-\u00be\u2150-\u215e‰‱]"
+                         r"|-\s*[\d(.\\]|:\s*\d|\d)")
 
 
-def _lone_number(s: str) -> str | None:
-    """The one number in `s` ("18", "-18", "\\$1,018.50", "18 \\text{ apples}", "3/4" -> "0.75"), None for an
-    expression ("18 - 36", "2^{18}", "\\sqrt{18}", "18!", "18²") or for none or several numbers. What follows the
-    last "=" is the value ("2 \\times 9 = 18" reads 18)."""
+def _lone_number(s: str, *, prose_after: bool = False) -> str | None:
+    """The number that `s` (a box's content, or what follows "####") states, or None for an expression or for
+    no number. What follows the last "=" is the value ("2 \\times 9 = 18" reads 18); a simple fraction is
+    evaluated ("3/4" -> "0.75"). "18", "-18", "\\$1,018.50", "18 \\text{ km/h}", "\\text{18}", "18^\\circ", "**18**"
+    state 18; "18 - 36", "2^{18}", "\\sqrt{18}", "18!", "18²", "18 000" state none. `prose_after`: words and
+    more numbers may follow the number (a "####" line: "#### 18 (20 - 2)"); in a box there must be no other."""
     s = s.rsplit("=", 1)[-1]
     frac = _fraction_value(s)
     if frac is not None:
         return repr(frac)
-    units = re.sub(r"\\(?:text|textbf|mathrm|mathbf|mbox|textrm)\{([^{}]*)\}",
-                   lambda m: " " + re.sub(r"\d", "", m.group(1)) + " ", s)  # a unit's digits are not the answer
-    bare = _WRAPPERS.sub(" ", units)
-    if _EXPRESSION.search(bare):
+    s = _BOX_WRAP.sub(r" \1 ", s)
+    s = _TEXT_WRAP.sub(lambda m: " " + re.sub(r"[/^*+=<>×÷\\]", " ", m.group(1)) + " ", s)
+    s = _DECOR.sub(" ", s)
+    m = _NUMBER_AT.search(s)
+    if m is None or _BEFORE_EXPR.search(s[: m.start()]) or _AFTER_EXPR.match(s, m.end()):
         return None
-    nums = find_numbers(bare)
-    return nums[0] if len(nums) == 1 else None
+    if not prose_after and find_numbers(s[m.end():]):
+        return None
+    return m.group(0).replace(",", "")
+
+
+def _negated_box(text: str, start: int) -> bool:
+    """Whether a unary minus stands right before the box at `start` ("-\\boxed{18}" is -18)."""
+    m = re.search(r"(^|[^\d)\]}%\s])\s*-\s*\$?\s*$", text[max(0, start - 40) : start])
+    return m is not None
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
@@ -209,10 +246,13 @@ def extract_gsm8k_answer(text: str) -> str | None:
     text = _normalize_signs(text)
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip()
-        return _lone_number(tail.split("\n", 1)[0]) if tail else None
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return _lone_number(boxed)
+        return _lone_number(tail.split("\n", 1)[0], prose_after=True) if tail else None
+    span = last_boxed_span(text)
+    if span is not None:
+        num = _lone_number(span[1])
+        if num is not None and _negated_box(text, span[0]):
+            num = num[1:] if num.startswith("-") else "-" + num
+        return num
     marked = _after_answer_marker(text)
     if marked is not None:
         nums = find_numbers(marked)
@@ -247,6 +287,17 @@ def _strip_math(s: str) -> str:
     return s.rstrip(".")
 
 
+def _first_math_span(rest: str) -> str | None:
+    """The content of the first `$$...$$`, `$...$` or `\\(...\\)` span in `rest`, found with str.find (a lazy
+    regex is quadratic on many unclosed openers); None if there is none."""
+    starts = [(i, o, c) for o, c in (("$$", "$$"), ("$", "$"), ("\\(", "\\)")) if (i := rest.find(o)) >= 0]
+    for i, o, c in sorted(starts, key=lambda t: (t[0], -len(t[1]))):
+        j = rest.find(c, i + len(o))
+        if j > i + len(o):
+            return rest[i + len(o) : j]
+    return None
+
+
 def _marked_math_answer(text: str) -> str | None:
     """The answer after the last "the answer is" marker, read whole: its first `$...$` / `\\(...\\)` span,
     else the rest of the sentence (its first number if that has words in it: "5 apples"); None if there is
@@ -254,10 +305,8 @@ def _marked_math_answer(text: str) -> str | None:
     rest = _after_answer_marker(text)
     if rest is None:
         return None
-    m = re.search(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)", rest)
-    if m:
-        ans = next(g for g in m.groups() if g is not None)
-    else:
+    ans = _first_math_span(rest)
+    if ans is None:
         ans = re.split(r"\.(?:\s|$)", rest.strip().strip("*").strip(), maxsplit=1)[0]
         if re.search(r"(?<![\\A-Za-z])[A-Za-z]{2,}", ans):  # prose ("5 apples"): its first number, signed
             nums = find_numbers(_normalize_signs(ans))  # as GSM8K reads it ("minus 18", "− 18" are -18)
@@ -270,10 +319,10 @@ def extract_math_answer(text: str) -> tuple[str | None, str]:
     """(answer, how): the last `\\boxed{}` content ("boxed"), else the answer after the last "the answer
     is" ("answer_is"), else the last number ("last_number"). Read from `canonical_answer_text` (every dash a
     "-", invisible characters gone: math-verify would silently drop an en dash, "\\boxed{– 18}" read 18)."""
-    text = canonical_answer_text(text or "")
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed, "boxed"
+    text = canonical_answer_text(text or "").translate(_UNICODE_SPACES)
+    span = last_boxed_span(text)
+    if span is not None:
+        return (f"-({span[1]})" if _negated_box(text, span[0]) else span[1]), "boxed"
     marked = _marked_math_answer(text or "")
     if marked is not None:
         return marked, "answer_is"
@@ -535,8 +584,9 @@ def _clean_answer_line(s: str) -> str:
 
 
 def extract_qa_answer(text: str) -> str:
-    """The final answer of a verbose QA response (see the module docstring for the rules)."""
-    text = (text or "").strip()
+    """The final answer of a verbose QA response (see the module docstring for the rules); only its last
+    MAX_ANSWER_CHARS characters are read."""
+    text = (text or "")[-MAX_ANSWER_CHARS:].strip()
     if not text:
         return ""
     boxed = last_boxed(text)

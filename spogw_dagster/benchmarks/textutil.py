@@ -10,45 +10,56 @@ _BOX_CMDS = ("\\boxed", "\\fbox")
 # Not inside a word ("x2", "v1.5") but a unit may follow ("5km", "10am"). Not the base of a power or of
 # scientific notation ("18²", "18^2", "18e3" are other numbers): the number is matched whole (atomic), then
 # must not be followed by an exponent.
-_NUMBER_RE = re.compile(r"(?<![\w.])-?(?>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+NUMBER_RE = _NUMBER_RE = re.compile(r"(?<![\w.])-?(?>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
                         r"(?![\u00b2\u00b3\u00b9\u2070-\u2079^]|[eE][+-]?\d)")
 
 
-def _boxed_at(text: str, start: int) -> str | None:
-    """Content of the box command beginning at `start`, or None if it is malformed (e.g. cut off)."""
-    i = start
-    for cmd in _BOX_CMDS:
-        if text.startswith(cmd, i):
-            i += len(cmd)
-            break
-    else:
-        return None
-    # `\boxed{...}`, possibly with spaces before the brace.
-    j = i
-    while j < len(text) and text[j] == " ":
-        j += 1
-    if j < len(text) and text[j] == "{":
-        depth = 0
-        k = j
-        while k < len(text):
-            c = text[k]
-            if c == "\\" and k + 1 < len(text) and text[k + 1] in "{}":
-                k += 2  # `\{` / `\}` are literal braces, not grouping
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[j + 1 : k]
-            k += 1
-        return None  # unbalanced: the box was cut off
-    # `\boxed 5` form: one space then a token up to whitespace or `$`.
-    if i < len(text) and text[i] == " ":
-        m = re.match(r" +([^\s$]+)", text[i:])
-        if m:
-            return m.group(1)
-    return None
+_BOX_START = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BRACE = re.compile(r"\\[{}]|[{}]")  # `\{` / `\}` are literal braces, not grouping
+
+
+def _matching_braces(text: str) -> dict[int, int]:
+    """Position of each "{" -> position of the "}" that closes it (unclosed ones are absent). One pass."""
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE.finditer(text):
+        c = m.group(0)
+        if c == "{":
+            stack.append(m.start())
+        elif c == "}" and stack:
+            match[stack.pop()] = m.start()
+    return match
+
+
+def boxed_spans(text: str) -> list[tuple[int, str]]:
+    """(start, content) of every well-formed `\\boxed{...}` / `\\fbox{...}` (nested braces kept) and `\\boxed 5`
+    form, in order. A box that is cut off (unbalanced braces) is left out. Linear in the text's length."""
+    if not text or "\\" not in text:
+        return []
+    match: dict[int, int] | None = None
+    out: list[tuple[int, str]] = []
+    for m in _BOX_START.finditer(text):
+        i = m.end()
+        j = i
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            if match is None:
+                match = _matching_braces(text)
+            close = match.get(j)
+            if close is not None:
+                out.append((m.start(), text[j + 1 : close]))
+        elif i < len(text) and text[i] == " ":  # `\boxed 5`: one space, then a token up to whitespace or `$`
+            t = re.match(r" +([^\s$]+)", text[i : i + 200])
+            if t:
+                out.append((m.start(), t.group(1)))
+    return out
+
+
+def last_boxed_span(text: str) -> tuple[int, str] | None:
+    """(start, content stripped) of the last well-formed box, or None."""
+    spans = boxed_spans(text)
+    return (spans[-1][0], spans[-1][1].strip()) if spans else None
 
 
 def last_boxed(text: str) -> str | None:
@@ -57,14 +68,8 @@ def last_boxed(text: str) -> str | None:
     A box that is cut off (unbalanced braces) is skipped in favour of the previous well-formed one.
     Returns None when there is none.
     """
-    if not text:
-        return None
-    starts = sorted(m.start() for m in re.finditer(r"\\(?:boxed|fbox)(?![A-Za-z])", text))
-    for s in reversed(starts):
-        content = _boxed_at(text, s)
-        if content is not None:
-            return content.strip()
-    return None
+    span = last_boxed_span(text or "")
+    return span[1] if span else None
 
 
 def find_numbers(text: str) -> list[str]:

@@ -9,9 +9,12 @@ metrics (see `contracts.Status`), and only for causes outside the workflow and i
 
 - the executor failed on a request whose content is not the cause (`ExecutorError` but not
   `RequestFaultError`: the attributing executor sent a control request, and it failed too);
-- our sandbox did not start (the runner never said it was ready; a code sandbox never came up);
-- operator calls kept waiting for a free executor for 10x the operator-time budget (an overloaded executor:
-  time the workflow's own calls are served counts toward its budget, which ends in `timeout`).
+- our sandbox did not start (it could not be spawned; the runner never said it was ready; a code sandbox
+  never came up).
+
+Operator calls in flight for 10x the operator-time budget while served for less (an overloaded executor, or
+our own operator code stalling on some input) end as an internal `runtime_error`, not `executor_error`: a
+policy might find an input that stalls our code, and a stall must never be free.
 
 Everything the child sends is made valid text first (`contracts.clean_json`), so nothing a workflow passes
 or returns can fail an encoder further on. A request fault is replied to the workflow as an operator error
@@ -55,8 +58,8 @@ log = logging.getLogger(__name__)
 
 RUNNER_IN_SANDBOX = "/sandbox/runner.py"
 INTERNAL_ERROR = "internal error"  # prefix of the error of a run that tripped a bug of ours (runtime_error)
-# Operator calls may wait for a free executor (other runs' load) this many times the operator-time budget
-# before the run is abandoned as the executor's failure.
+# Operator calls may be in flight unserved (waiting for a free executor, or our own code working) this many
+# times the operator-time budget before the run is abandoned as an internal error.
 WAIT_BACKSTOP_FACTOR = 10
 DEFAULT_LIMITS = Limits(wall_s=180, cpu_s=30, memory_mb=1024, nproc=16, max_output_bytes=4_000_000)
 
@@ -269,12 +272,16 @@ async def execute_workflow(
                 break
             wait = min(5.0 if inflight else left, backstop - now)
             if wait <= 0:
-                status = Status.TIMEOUT if now < backstop else Status.EXECUTOR_ERROR
-                error = (f"wall-clock limit of {limits.wall_s}s exceeded (time in operator calls excluded)"
-                         if status == Status.TIMEOUT else
-                         f"operator calls waited for the executor for over {WAIT_BACKSTOP_FACTOR}x the "
-                         f"operator-time budget of {budget_s:g}s (served for {served:.0f}s): the executor is "
-                         "overloaded or stuck")
+                if now < backstop:
+                    status, error = Status.TIMEOUT, (f"wall-clock limit of {limits.wall_s}s exceeded (time in "
+                                                     "operator calls excluded)")
+                else:  # never an excluded status: our own operator code may be what stalled (a policy could
+                    # find such an input); loud instead (logged, counted by the no_internal_errors check)
+                    status = Status.RUNTIME_ERROR
+                    error = (f"{INTERNAL_ERROR}: operator calls were in flight for over {WAIT_BACKSTOP_FACTOR}x "
+                             f"the operator-time budget of {budget_s:g}s but served for {served:.0f}s: the "
+                             "executor is overloaded, or our operator code stalled")
+                    log.error("%s: %s", problem.id, error)
                 break
             done, _ = await asyncio.wait({conv, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
             if stop in done:
