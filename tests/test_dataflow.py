@@ -49,6 +49,22 @@ TRIVIAL = {
     "a_comparison": "x = await self.custom(instruction='x')\nreturn str('42' in x)",
     "test_of_an_emptied_solution": "s = await self.code_generate(instruction='x')\n"
                                    "return await self.test(solution=s[:0] + 'def f(): pass')",
+    # found by a second review: constant conditions and picks, values that keep nothing of the output
+    "return_in_finally": "x = await self.custom(instruction='x')\ntry:\n    return x\nfinally:\n    return 'A'",
+    "constant_ifexp": "x = await self.custom(instruction='x')\nreturn 'A' if True else x",
+    "if_empty_tuple": "x = await self.custom(instruction='x')\ny = 'A'\nif ():\n    y = x\nreturn y",
+    "if_one_eq_two": "x = await self.custom(instruction='x')\ny = 'A'\nif 1 == 2:\n    y = x\nreturn y",
+    "while_one_gt_two": "x = await self.custom(instruction='x')\ny = 'A'\nwhile 1 > 2:\n    y = x\nreturn y",
+    "and_constant": "x = await self.custom(instruction='x')\nreturn x and 'A'",
+    "tuple_index": "x = await self.custom(instruction='x')\nreturn (x, 'A')[1]",
+    "dict_key_lookup": "x = await self.custom(instruction='x')\nreturn {'k': 'A', 'j': x}['k']",
+    "slice_with_step": "x = await self.custom(instruction='x')\nreturn x[:0:1] + 'A'",
+    "times_minus_one": "x = await self.custom(instruction='x')\nreturn x * -1 + 'A'",
+    "strip_itself": "x = await self.custom(instruction='x')\nreturn x.strip(x) + 'A'",
+    "split_itself": "x = await self.custom(instruction='x')\nreturn ''.join(x.split(x)) + 'A'",
+    "count_itself": "x = await self.custom(instruction='x')\nreturn str(x.count(x))",
+    "filtered_comprehension": "x = await self.custom(instruction='x')\nreturn ''.join([c for c in x if False]) + 'A'",
+    "self_attr_overwritten": "self.ans = await self.custom(instruction='x')\nself.ans = 'A'\nreturn self.ans",
 }
 
 NON_TRIVIAL = {
@@ -73,6 +89,12 @@ NON_TRIVIAL = {
     "continue_then_later": "x = ''\nfor i in range(3):\n    if i < 2:\n        continue\n"
                            "    x = await self.custom(instruction='x')\nreturn x",
     "slice_that_keeps_text": "x = await self.custom(instruction='x')\nreturn x[-200:]",
+    "try_returns_it_finally_cleans_up": "x = await self.custom(instruction='x')\ny = ''\ntry:\n    return x\n"
+                                        "finally:\n    y = 'done'",
+    "and_keeps_the_last": "x = await self.custom(instruction='x')\nreturn 'ok' and x",
+    "tuple_index_of_it": "x = await self.custom(instruction='x')\nreturn ('A', x)[1]",
+    "self_attr_set_in_a_branch": "self.ans = 'A'\nx = await self.custom(instruction='x')\nif 'b' in x:\n"
+                                 "    self.ans = x\nreturn self.ans",
 }
 
 

@@ -13,8 +13,17 @@ the workflow's own methods (their return value, from their arguments or their ow
 
 It is flow-sensitive: a value that is overwritten before it is returned is dead (`x = await self.custom(..)`;
 `x = "A"`; `return x` returns a constant), branches join (the answer may depend on the output if any path
-carries it), loops run to a fixed point. A condition alone does not carry a value: `return "A" if x else "B"`
-returns a constant. Nested functions and lambdas are not followed (a value only they carry does not count).
+carries it), loops run to a fixed point, and code after `return`/`raise`/`break`, in a branch on a constant
+condition (`if False`, `if 1 == 2`, `while ()`), in a loop over `range(0)` or `[]`, or before a `finally` that
+returns, is dead. A condition alone does not carry a value (`return "A" if x else "B"` returns a constant),
+nor do values that keep nothing of it: `len(x)`, `bool(x)`, comparisons, `x.count(..)`, `x * 0`, `x[:0]`,
+`x.replace(x, y)`, `x.strip(x)`, `x and "A"`, `(x, "A")[1]`. Nested functions and lambdas are not followed.
+
+What it cannot see (undecidable in general, so a run's trace backs it up: `runtime.WorkflowRunResult.produced`
+requires that a solution-writing operator actually ran): values emptied by a computed bound (`x[len(x):]`,
+`range(len(x) * 0)`), a constant that wins a vote or a `min`/`max`/`sorted` pick, a slot of a container
+overwritten later (`xs[0] = "A"`: containers are updated weakly), aliases (`ys = xs; ys.append(x)`), a `try`
+whose body always raises. These still earn the executes rung; the answer score, the headline, is unaffected.
 """
 
 from __future__ import annotations
@@ -27,6 +36,11 @@ __all__ = ["returns_operator_output"]
 SRC = "<operator output>"
 _MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "setdefault"})
 _SUMMARIES = frozenset({"len", "bool", "isinstance"})  # builtins whose result says something about x, not x
+_NOT_TEXT = frozenset({"count", "find", "rfind", "index", "rindex", "startswith", "endswith", "isalnum", "isalpha",
+                       "isdecimal", "isdigit", "islower", "isnumeric", "isspace", "istitle", "isupper",
+                       "issubset", "issuperset"})
+_SELF_EMPTYING = frozenset({"strip", "lstrip", "rstrip", "split", "rsplit", "partition", "rpartition",
+                            "removeprefix", "removesuffix"})
 Labels = frozenset
 State = dict  # variable name -> Labels
 
@@ -86,20 +100,32 @@ class _Function:
         if isinstance(node, ast.Name):
             return st.get(node.id, frozenset())
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            return self.prog.attrs.get(node.attr, frozenset())
+            local = st.get(f"self.{node.attr}")  # set earlier in this method: what it holds here
+            return local if local is not None else self.prog.attrs.get(node.attr, frozenset())
         if isinstance(node, ast.Await):
             return self.ev(node.value, st)
         if isinstance(node, ast.Call):
             return self.call(node, st)
         if isinstance(node, ast.IfExp):  # the condition picks a value; it does not carry one
-            return self.ev(node.body, st) | self.ev(node.orelse, st)
+            truth = _constant_truth(node.test)
+            return ((self.ev(node.body, st) if truth is not False else frozenset())
+                    | (self.ev(node.orelse, st) if truth is not True else frozenset()))
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            for v in node.values[:-1]:  # returned only when falsy (empty): they carry nothing
+                self.ev(v, st)
+            return self.ev(node.values[-1], st)
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, (ast.Tuple, ast.List, ast.Dict))
+                and isinstance(node.slice, ast.Constant)):
+            picked = _literal_item(node.value, node.slice.value)
+            if picked is not None:  # (x, 'A')[1], {'k': 'A'}['k']: only that element
+                return self.ev(picked, st)
         if isinstance(node, (ast.Compare, ast.UnaryOp)) and (isinstance(node, ast.Compare)
                                                              or isinstance(node.op, ast.Not)):
             self.ev(node.left if isinstance(node, ast.Compare) else node.operand, st)  # (walrus stores)
             return frozenset()  # a truth value is no solution
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (_is_zero(node.left)
                                                                              or _is_zero(node.right)):
-            return frozenset()  # x * 0 is empty, whatever x held
+            return frozenset()  # x * 0 (or * -1) is empty, whatever x held
         if isinstance(node, ast.Subscript) and _empty_slice(node.slice):
             return frozenset()  # x[:0], x[3:3]
         if isinstance(node, ast.NamedExpr):
@@ -107,6 +133,9 @@ class _Function:
             self.assign(node.target, v, st)
             return v
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            if any(_constant_truth(c) is False for g in node.generators for c in g.ifs) or any(
+                    _empty_iterable(g.iter) for g in node.generators):
+                return frozenset()  # no element is ever produced
             inner = dict(st)
             for gen in node.generators:
                 self.assign(gen.target, self.ev(gen.iter, inner), inner)
@@ -153,8 +182,13 @@ class _Function:
             return everything  # another operator (test, review, sc_ensemble): a function of its inputs
         if isinstance(f, ast.Attribute):  # a str/list/dict method: of its receiver and its arguments
             receiver = self.ev(f.value, st)
-            if f.attr == "replace" and node.args and ast.dump(node.args[0]) == ast.dump(f.value):
-                return everything - receiver if receiver else everything  # x.replace(x, y) is y
+            if node.args and ast.dump(node.args[0]) == ast.dump(f.value):
+                if f.attr == "replace":  # x.replace(x, y) is y
+                    return frozenset().union(*args[1:], *kwargs.values())
+                if f.attr in _SELF_EMPTYING:  # x.strip(x), x.split(x), x.removeprefix(x): nothing of x is left
+                    return frozenset()
+            if f.attr in _NOT_TEXT:  # x.count(y), x.startswith(y), x.find(y): a number or a truth value
+                return frozenset()
             if f.attr in _MUTATORS and everything:
                 self.weak(f.value, everything, st)
             return receiver | everything
@@ -171,6 +205,10 @@ class _Function:
             labels = [self.ev(e, st) for e in value.elts]  # `a, b = x, y`: element by element
             for t, lv, ve in zip(target.elts, labels, value.elts):
                 self.assign(t, lv, st, ve)
+            return
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            self.attr_writes[target.attr] = self.attr_writes.get(target.attr, frozenset()) | v
+            st[f"self.{target.attr}"] = v  # strong here; other methods see every value it was given
             return
         if isinstance(target, ast.Name):
             st[target.id] = v  # a strong update: what it held before is dead
@@ -189,6 +227,8 @@ class _Function:
             target = target.value if isinstance(target, ast.Subscript) else target.func.value
         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
             self.attr_writes[target.attr] = self.attr_writes.get(target.attr, frozenset()) | v
+            key = f"self.{target.attr}"
+            st[key] = st.get(key, frozenset()) | v
         elif isinstance(target, ast.Name):
             st[target.id] = st.get(target.id, frozenset()) | v
 
@@ -243,6 +283,7 @@ class _Function:
         elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
             return self.loop(s, st)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
+            saved_returns, self.returns = self.returns, frozenset()
             raised_before = len(self._raised)
             seen = [st]  # an exception may leave the body between any two of its statements
             cur: State | None = dict(st)
@@ -260,8 +301,12 @@ class _Function:
             out = self.block(s.orelse, cur) if cur is not None else None
             for h in s.handlers:
                 out = _join_opt(out, self.block(h.body, dict(anywhere)))
+            inner_returns, self.returns = self.returns, saved_returns
             if s.finalbody:
                 out = self.block(s.finalbody, out if out is not None else dict(anywhere))
+                if out is None:  # the finally block always returns or raises: it replaces what the try returned
+                    return None
+            self.returns |= inner_returns
             return out
         elif isinstance(s, ast.Delete):
             for t in s.targets:
@@ -307,18 +352,45 @@ def _join_opt(a: State | None, b: State | None) -> State | None:
     return _join(a, b)
 
 
+_FOLDABLE = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Compare, ast.BoolOp, ast.UnaryOp,
+             ast.Load, ast.Not, ast.And, ast.Or, ast.USub, ast.UAdd, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
+             ast.GtE, ast.Is, ast.IsNot, ast.In, ast.NotIn, ast.expr_context)
+
+
 def _constant_truth(node: ast.AST) -> bool | None:
-    """The truth of a condition written as a constant (`False`, `0`, `''`, `not True`), None otherwise."""
-    if isinstance(node, ast.Constant):
-        return bool(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        inner = _constant_truth(node.operand)
-        return None if inner is None else not inner
-    return None
+    """The truth of a condition made only of constants (`False`, `()`, `not True`, `1 == 2`), None otherwise.
+    No arithmetic is folded (no `10 ** 10 ** 10` to compute), so evaluating it is cheap and safe."""
+    if not all(isinstance(n, _FOLDABLE) for n in ast.walk(node)):
+        return None
+    try:
+        return bool(eval(compile(ast.Expression(body=node), "<condition>", "eval"), {"__builtins__": {}}, {}))
+    except Exception:  # e.g. 1 < 'a': not a constant truth
+        return None
 
 
 def _is_zero(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and not isinstance(node.value, str) and node.value == 0
+    """A constant that makes a product with a string empty: 0, False, a negative int."""
+    v = _const_int(node)
+    if v is None and isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        v = int(node.value)
+    return v is not None and v <= 0
+
+
+def _literal_item(container: ast.AST, key: object) -> ast.AST | None:
+    """The element of a tuple/list/dict literal at a constant index or key, or None if it cannot be told."""
+    if isinstance(container, (ast.Tuple, ast.List)) and type(key) is int:
+        if any(isinstance(e, ast.Starred) for e in container.elts) or not -len(container.elts) <= key < len(container.elts):
+            return None
+        return container.elts[key]
+    if isinstance(container, ast.Dict):
+        hit = None
+        for k, v in zip(container.keys, container.values):
+            if k is None or not isinstance(k, ast.Constant):
+                return None  # a computed key or **spread: any value may be the one
+            if k.value == key:
+                hit = v  # the last one wins, as in Python
+        return hit
+    return None
 
 
 def _const_int(node: ast.AST | None) -> int | None:
@@ -332,7 +404,8 @@ def _const_int(node: ast.AST | None) -> int | None:
 
 def _empty_slice(node: ast.AST) -> bool:
     """`[:0]`, `[n:n]`, `[5:2]` with constant bounds (and no step): an empty result."""
-    if not isinstance(node, ast.Slice) or node.step is not None or node.upper is None:
+    if not isinstance(node, ast.Slice) or node.upper is None or (node.step is not None
+                                                                 and _const_int(node.step) != 1):
         return False
     lo, hi = (0 if node.lower is None else _const_int(node.lower)), _const_int(node.upper)
     return lo is not None and hi is not None and lo >= 0 and hi >= 0 and hi <= lo
