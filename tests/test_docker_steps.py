@@ -80,7 +80,7 @@ def test_every_step_ran_in_a_container_of_its_own(steps):
             plan = _step_keys(inst, r["run_id"])
             launched = [e for e in inst.all_logs(r["run_id"], of_type=dg.DagsterEventType.STEP_WORKER_STARTING)
                         if "Docker container" in (e.dagster_event.message or "")]
-            assert len(launched) == len(plan) == 12, (len(launched), plan)  # 6 assets + 6 checks
+            assert len(launched) == len(plan) == 13, (len(launched), plan)  # 6 assets + 7 checks
             assert sorted(c["step"] for c in ours) == sorted(plan)
             assert {a for a in ASSET_NAMES} <= {c["step"] for c in ours}
             assert all(c["exit_code"] == "0" and c["image"] == container_steps.IMAGE for c in ours), ours
@@ -108,7 +108,7 @@ def test_generated_code_ran_in_the_bwrap_sandbox_inside_the_step_containers(step
 
 
 def test_no_step_container_is_left_behind(steps):
-    assert steps["removed"] == len(steps["containers"]) == 24
+    assert steps["removed"] == len(steps["containers"]) == 26
     assert container_steps.step_containers(os.getpid()) == []
 
 
@@ -182,7 +182,7 @@ def test_own_image_every_step_ran_in_a_container_of_its_own(own_image_steps):
             plan = _step_keys(inst, r["run_id"])
             launched = [e for e in inst.all_logs(r["run_id"], of_type=dg.DagsterEventType.STEP_WORKER_STARTING)
                         if "Docker container" in (e.dagster_event.message or "")]
-            assert len(launched) == len(plan) == 12, (len(launched), plan)
+            assert len(launched) == len(plan) == 13, (len(launched), plan)
             assert sorted(c["step"] for c in ours) == sorted(plan)
             assert all(c["exit_code"] == "0" and c["image"] == OWN_IMAGE for c in ours), ours
             assert len({c["hostname"] for c in ours}) == len(ours)
@@ -193,7 +193,7 @@ def test_own_image_binds_nothing_of_the_host_but_the_shared_directories(own_imag
 
     s = own_image_steps
     shared = {str(p.resolve()) for p in (s["root"], s["home"], cache_dir())}
-    assert len(s["containers"]) == 24
+    assert len(s["containers"]) == 26
     for c in s["containers"]:
         binds = {m["Source"]: m["RW"] for m in c["mounts"] if m["Type"] == "bind"}
         assert set(binds) <= shared and all(binds.values()), (c["step"], binds)  # no /usr, interpreter, venv, repo
@@ -220,5 +220,5 @@ def test_own_image_generated_code_ran_in_the_bwrap_sandbox(own_image_steps):
 
 def test_own_image_no_step_container_is_left_behind(own_image_steps):
     # removed as their steps finished (container_steps._Reaper) or at the end of their iteration
-    assert len(own_image_steps["containers"]) == 24 and own_image_steps["left"] == []
+    assert len(own_image_steps["containers"]) == 26 and own_image_steps["left"] == []
     assert container_steps.step_containers(os.getpid()) == []
