@@ -164,7 +164,7 @@ _GAP = (r"(?:[\s\u1680\u2000-\u200a\u202f\u205f\u3000~*`({\[]"
 _AFTER_SIGN = re.compile(rf"{_GAP}(?=\.?\d)")
 _SIGN = re.compile(r"-|\b(?:minus|negative|neg\.)(?!\w)", re.I)
 _OPERAND_END = frozenset("0123456789)]}%")  # what ends an operand: a minus after it is a subtraction
-_SPACES = frozenset(" \t\u00a0\u1680\u202f\u205f\u3000") | frozenset(map(chr, range(0x2000, 0x200b)))
+_SPACES = frozenset(" \t") | frozenset(map(chr, _UNICODE_SPACES))  # what may stand between an operand and "-"
 # Thousands written with LaTeX braces or thin spaces: "1{,}234", "1\,234", "1 234" (narrow no-break space).
 _THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}(?:\\!)?|,\\!|\\,|[\u00a0\u2009\u202f]|\\thinspace\b ?)(?=\d{3}(?!\d))")
 

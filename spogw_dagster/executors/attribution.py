@@ -93,10 +93,9 @@ class FaultAttributingExecutor:
         self.request_faults += 1
         log.warning("executor %s: a request %s while a control request succeeded: charged to the request (%s)",
                     self.model, how, e)
-        err = RequestFaultError(
+        return RequestFaultError(
             f"the executor {how} on this request ({e}) but answered a control request with the same settings: "
             "the request's content is the cause", status_code=e.status_code, attempts=e.attempts, kind=e.kind)
-        return err
 
     async def _control(self, params: SamplingParams, failed_at: float) -> str | None:
         """None when a control request that ended after `failed_at` succeeded, else why it failed."""

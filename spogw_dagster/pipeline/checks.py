@@ -92,9 +92,9 @@ def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResour
 
 @_ck(asset="execution_scores", description="No run tripped a bug of spogw-dagster while serving an operator.")
 def no_internal_errors(execution_scores: pl.DataFrame) -> dg.AssetCheckResult:
-    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+    from .tables import internal_error_rows
 
-    hit = execution_scores.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR))
+    hit = internal_error_rows(execution_scores)
     return dg.AssetCheckResult(
         passed=hit.height == 0, severity=dg.AssetCheckSeverity.WARN,
         description=None if hit.height == 0 else (

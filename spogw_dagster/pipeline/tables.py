@@ -145,6 +145,13 @@ def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: 
     }
 
 
+def internal_error_rows(scores: pl.DataFrame) -> pl.DataFrame:
+    """The execution_scores rows of runs that tripped a bug of ours (`runtime.INTERNAL_ERROR`)."""
+    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+
+    return scores.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR))
+
+
 def execution_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
     return _frame(list(rows), EXECUTION_SCHEMA).sort(["iteration", "query_id", "sample_idx"])
 

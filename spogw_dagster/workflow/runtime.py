@@ -162,14 +162,25 @@ async def execute_workflow(
     op_time = 0.0  # seconds during which at least one operator call was in flight
     op_since = 0.0
 
+    def served_s() -> float:
+        """Seconds this run's operator calls were served: executor replies, request faults, code runs."""
+        return metered.usage.latency_s + metered.fault_s + ops.code_s
+
+    def over_budget() -> str | None:
+        """Why the operator-time budget is spent, or None."""
+        served = served_s()
+        if served <= op_cfg.max_operator_wall_s:
+            return None
+        return (f"operator calls took {served:.0f}s of executor and sandbox time, over the budget of "
+                f"{op_cfg.max_operator_wall_s:g}s")
+
     async def serve(msg: dict) -> None:
         nonlocal executor_failed, inflight, op_time, op_since
         call_id = msg.get("id")
         op = str(msg.get("op"))
-        served = metered.usage.latency_s + metered.fault_s + ops.code_s
-        if served > op_cfg.max_operator_wall_s:  # a call starts only while the operator-time budget lasts
-            raise _Stop(Status.TIMEOUT, f"operator calls took {served:.0f}s of executor and sandbox time, over "
-                                        f"the budget of {op_cfg.max_operator_wall_s:g}s")
+        spent = over_budget()
+        if spent:  # a call starts only while the operator-time budget lasts
+            raise _Stop(Status.TIMEOUT, spent)
         if inflight == 0:
             op_since = time.monotonic()
         inflight += 1
@@ -265,10 +276,9 @@ async def execute_workflow(
             now = time.monotonic()
             busy = op_time + (now - op_since if inflight else 0.0)
             left = limits.wall_s - (now - t_start - busy)
-            served = metered.usage.latency_s + metered.fault_s + ops.code_s
-            if served > budget_s:
-                status, error = Status.TIMEOUT, (f"operator calls took {served:.0f}s of executor and sandbox time, "
-                                                 f"over the budget of {budget_s:g}s")
+            spent = over_budget()
+            if spent:
+                status, error = Status.TIMEOUT, spent
                 break
             wait = min(5.0 if inflight else left, backstop - now)
             if wait <= 0:
@@ -278,6 +288,7 @@ async def execute_workflow(
                 else:  # never an excluded status: our own operator code may be what stalled (a policy could
                     # find such an input); loud instead (logged, counted by the no_internal_errors check)
                     status = Status.RUNTIME_ERROR
+                    served = served_s()
                     error = (f"{INTERNAL_ERROR}: operator calls were in flight for over {WAIT_BACKSTOP_FACTOR}x "
                              f"the operator-time budget of {budget_s:g}s but served for {served:.0f}s: the "
                              "executor is overloaded, or our operator code stalled")

@@ -81,8 +81,6 @@ def _jobs(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
-    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
-
     from ..plots import score_histogram
 
     statuses = dict(Counter(df["status"].to_list()))
@@ -102,6 +100,5 @@ def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, A
         # runs that tripped a bug of ours (runtime_error, see the no_internal_errors check)
         "executor_request_faults": dg.MetadataValue.int(counters.get("request_faults", 0)),
         "executor_control_requests": dg.MetadataValue.int(counters.get("control_requests", 0)),
-        "internal_errors": dg.MetadataValue.int(
-            df.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR)).height),
+        "internal_errors": dg.MetadataValue.int(tables.internal_error_rows(df).height),
     }
