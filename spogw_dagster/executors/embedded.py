@@ -48,7 +48,6 @@ import httpx
 
 from ..contracts import ChatResult, SamplingParams
 from ..fsutil import file_sha256
-from ..paths import smollm2_gguf
 from .base import ExecutorError, RequestFaultError
 from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, host_cpu_flags
 
@@ -355,11 +354,15 @@ class EmbeddedExecutor:
 
     def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, workers: int | None = None,
                  threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None):
-        path = Path(gguf_path) if gguf_path else smollm2_gguf()
+        from ..bundled_models import gguf_path as bundled_gguf
+
+        path = Path(gguf_path) if gguf_path else bundled_gguf("smollm2")
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self.path = path
-        self.model = f"{path.stem}@{file_sha256(path)[:12]}"
+        from ..bundled_models import verified_sha256
+
+        self.model = f"{path.stem}@{(verified_sha256(path) or file_sha256(path))[:12]}"
         if servers:
             for srv in servers:
                 srv.start()

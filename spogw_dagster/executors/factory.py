@@ -26,7 +26,7 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
                   api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8, timeout_s: float = 120.0,
                   workers: int | None = None, threads: int | None = None):
     """`url`: one endpoint URL, or several (a fleet serving one model: `fleet.FleetExecutor`); None for the
-    embedded model. A list of one is a single endpoint. `max_concurrency` and `timeout_s` are per endpoint.
+    embedded model, which is `model` when given (a bundled model's alias or a .gguf path), else SmolLM2. A list of one is a single endpoint. `max_concurrency` and `timeout_s` are per endpoint.
     `workers` and `threads` size the embedded model's llama.cpp servers (parallel calls, CPU threads each)."""
     urls = [url] if isinstance(url, str) else [u for u in (url or []) if u]
     namespace = ""
@@ -46,11 +46,15 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
                                   timeout_s=timeout_s)
             namespace = inner.namespace  # the sorted URLs: any member may answer any call
     else:
-        if model:
-            raise ValueError("--executor-model without --executor-url: give the endpoint URL too")
+        # no URL: the embedded llama.cpp executor on a bundled model (default SmolLM2) or a local .gguf file
+        from ..bundled_models import BundledModelError, resolve_gguf
         from .embedded import EmbeddedExecutor
 
-        inner = EmbeddedExecutor(workers=workers, threads=threads, timeout_s=timeout_s)
+        try:
+            gguf = resolve_gguf(model, role="executor model") if model else None
+        except BundledModelError as e:
+            raise ValueError(f"{e} (with --executor-url, --executor-model is the name the endpoint serves)") from None
+        inner = EmbeddedExecutor(gguf, workers=workers, threads=threads, timeout_s=timeout_s)
     from .attribution import FaultAttributingExecutor
 
     inner = FaultAttributingExecutor(inner)

@@ -116,7 +116,8 @@ class GeneratorSection(_Section):
 
 
 class ExecutorSection(_Section):
-    """The LLM the workflows call: the embedded bundled model (url and urls unset), an OpenAI-compatible
+    """The LLM the workflows call: the embedded bundled model (url and urls unset; `model` a bundled alias such as
+    qwen2.5-coder-0.5b or a .gguf path, default SmolLM2), an OpenAI-compatible
     endpoint (`url`), or a fleet of endpoints serving the same model (`urls`: requests go to the healthy
     endpoint with the fewest in flight; a dead one is skipped and re-probed, its calls retried on the others).
     `url: X` is the same as `urls: [X]`. `max_concurrency` and `timeout_s` apply per endpoint.
@@ -168,8 +169,17 @@ class ExecutorSection(_Section):
         if self.url and not self.model:
             raise ValueError("executor.url needs executor.model (the model name the endpoint serves)")
         if self.model and not (self.url or self.urls):
-            raise ValueError("executor.model without executor.url: give the endpoint URL (or executor.urls for a "
-                             "fleet) too, or unset both for the embedded model")
+            # no endpoint: the embedded executor on a bundled model (an alias) or a local .gguf file
+            from spogw_dagster.bundled_models import find
+
+            if find(self.model) is None and not (Path(self.model).expanduser().suffix.lower() == ".gguf"
+                      and Path(self.model).expanduser().is_file()):
+                from spogw_dagster.bundled_models import all_aliases
+
+                raise ValueError(
+                    f"executor.model {self.model!r} without executor.url is neither a bundled model "
+                    f"({', '.join(all_aliases())}) nor an existing .gguf file; fix: name one of those for the embedded "
+                    "executor, or give executor.url (or executor.urls) for an endpoint serving it")
         return self
 
     @model_serializer(mode="wrap")
