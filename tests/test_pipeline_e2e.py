@@ -318,7 +318,7 @@ def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path
     text = buf.getvalue()
     assert [o.status for o in outcomes] == ["skipped", "skipped"]
     assert "held-out scores per iteration" in text and "spogw@0001" in text and "baseline:io" in text
-    assert "Δ vs previous" in text and "solve rate" in text
+    assert "Δ vs previous" in text and "answer score" in text and "near copy" in text
     assert (tmp_path / "home" / "dagster.yaml").is_file()
 
 

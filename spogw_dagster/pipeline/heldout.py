@@ -30,6 +30,7 @@ import polars as pl
 
 from spogw_dagster.seeds import derive_seed
 from spogw_dagster.contracts import Problem
+from spogw_dagster.workflow.copies import copied_from
 
 from . import tables
 from .resources import EvalJob, evaluate_jobs
@@ -114,7 +115,8 @@ def policy_jobs(pipeline, policy: Policy, problems: Sequence[Problem], cfg) -> P
                 ok = status == "ok"
                 hs = tables.HeldoutSample(policy.system, policy.kind, mode, p.id, j, seed,
                                           exec_seed(cfg.report.seed, mode, j), temp, status, code, s.finish_reason,
-                                          len(s.token_ids), policy.checkpoint_iteration, policy.adapter_sha256)
+                                          len(s.token_ids), policy.checkpoint_iteration, policy.adapter_sha256,
+                                          copied_from(code, family) if ok else None)
                 out.append((hs, EvalJob(p, code if ok else None, "" if ok else status, err)))
     return out
 

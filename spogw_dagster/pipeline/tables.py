@@ -414,6 +414,10 @@ HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     "reward": pl.Float64(),  # the configured ladder, as execution_scores.score
     "answer_score": pl.Float64(),  # the benchmark metric, mean over runs
     "trivial": pl.Boolean(),  # valid, but its answer is no solution-writing operator's output (rewards.is_trivial)
+    # a generated workflow equal, after normalising names and layout, to one the prompt shows (workflow/copies.py):
+    # "template", "example 1", ...; null when it is not one, and for baselines
+    "copied_from": pl.String(),
+    "near_copy": pl.Boolean(),
     "finish_reason": pl.String(),
     "n_tokens": pl.Int64(),  # generated tokens (0 for baselines)
     "llm_calls": pl.Int64(),
@@ -450,11 +454,14 @@ REPORT_SCHEMA: dict[str, pl.DataType] = {
 }
 
 # metric -> heldout column; rates get (design-effect) Wilson intervals, means a query bootstrap
-RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rate": "trivial"}
-MEAN_METRICS = {"mean_reward": "reward", "answer_score": "answer_score"}
+RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rate": "trivial",
+                "near_copy_rate": "near_copy"}
+MEAN_METRICS = {"answer_score": "answer_score", "mean_reward": "reward"}
+# the headline: the benchmark's own metric (pass@1 / exact answer); the others are diagnostics
+HEADLINE_METRIC = "answer_score"
 COST_METRICS = {"executor_calls": "llm_calls", "cached_calls": "cached_calls", "prompt_tokens": "prompt_tokens",
                 "completion_tokens": "completion_tokens"}
-METRICS = (*RATE_METRICS, *MEAN_METRICS, "executor_errors", *COST_METRICS)
+METRICS = ("answer_score", *RATE_METRICS, "mean_reward", "distinct_per_query", "executor_errors", *COST_METRICS)
 KIND_ORDER = {"checkpoint": 0, "previous": 1, "baseline": 2}
 @dataclass(frozen=True)
 class HeldoutSample:
@@ -474,6 +481,7 @@ class HeldoutSample:
     n_tokens: int = 0
     checkpoint_iteration: int | None = None
     adapter_sha256: str | None = None
+    copied_from: str | None = None  # what it is a near copy of (generated workflows only)
 
 
 def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: Ladder) -> dict[str, Any]:
@@ -491,7 +499,8 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         # the reward's executes rung exactly: a trivial workflow (its answer is no operator's output) earns none
         "executes": executes_share(runs, produced, valid=valid, trivial=trivial),
         "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial, produced), "answer_score": answer,
-        "trivial": trivial, "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
+        "trivial": trivial, "copied_from": s.copied_from, "near_copy": s.copied_from is not None,
+        "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
         "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
         "checkpoint_iteration": s.checkpoint_iteration, "adapter_sha256": s.adapter_sha256,
@@ -559,11 +568,23 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
                     d, dlo, dhi = stats.paired_bootstrap_diff(a, b, resamples=resamples, seed=seed)
                     row.update(diff_vs_prev=d, diff_ci_low=dlo, diff_ci_high=dhi, n_pairs=sum(map(len, a)))
             out.append(row)
+        out.append({**base, "metric": "distinct_per_query", "value": distinct_per_query(rows), "ci_method": "none"})
         out.append({**base, "metric": "executor_errors", "value": float(rows.height - scored.height),
                     "ci_method": "none"})
         for metric, col in COST_METRICS.items():
             out.append({**base, "metric": metric, "value": float(rows[col].sum()), "ci_method": "none"})
     return report_frame(out)
+
+
+def distinct_per_query(rows: pl.DataFrame) -> float | None:
+    """Mean over queries of how many different valid workflows (names and layout normalised) were written."""
+    from spogw_dagster.workflow.copies import distinct_count
+
+    valid = rows.filter(pl.col("valid"))
+    if valid.height == 0:
+        return 0.0
+    per_q = valid.group_by("query_id").agg(pl.col("workflow"))["workflow"].to_list()
+    return sum(distinct_count(list(w)) for w in per_q) / rows["query_id"].n_unique()
 
 
 def report_frame(rows: Sequence[dict[str, Any]]) -> pl.DataFrame:
@@ -596,7 +617,7 @@ def reusable_previous(prev_report: pl.DataFrame | None, prev_heldout: pl.DataFra
     if r["adapter_sha256"] != adapter_sha256 or r["config_hash"] != config_hash:
         return None
     rows = prev_heldout.filter(pl.col("system") == system)
-    if rows.height != expected_rows:
+    if rows.height != expected_rows or set(HELDOUT_SCHEMA) - set(rows.columns):  # older rows lack new columns
         return None
     return relabel(rows, iteration, "previous")
 
@@ -608,7 +629,9 @@ def _ci(v: float | None, lo: float | None, hi: float | None, signed: bool = Fals
     return f"{v:{f}} [{lo:{f}}, {hi:{f}}]" if lo is not None else f"{v:{f}}"
 
 
-CURVE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate")
+# the answer score first: it is the measure; the rest say why it moved (or did not)
+CURVE_METRICS = ("answer_score", "valid_rate", "executes_rate", "trivial_rate", "near_copy_rate", "mean_reward",
+                 "distinct_per_query")
 
 
 def report_table_text(report: pl.DataFrame) -> str:
@@ -646,8 +669,8 @@ def learning_curve(reports: pl.DataFrame) -> pl.DataFrame:
 def curve_table_text(reports: pl.DataFrame) -> str:
     """`spogw run`'s final table: per iteration and system the held-out metrics with 95% intervals and the
     checkpoint's paired difference to π_{k-1}."""
-    names = {"valid_rate": "valid", "executes_rate": "executes", "mean_reward": "mean reward",
-             "answer_score": "solve rate"}
+    names = {"answer_score": "answer score", "valid_rate": "valid", "executes_rate": "executes",
+             "near_copy_rate": "near copy", "mean_reward": "mean reward"}
     w = 26
     lines = [f"{'iter':>4}  {'system':<16} {'mode':<8}" + "".join(f"{v:>{w}}" for v in names.values())]
     order = pl.col("kind").replace_strict(KIND_ORDER, default=9)
@@ -699,7 +722,9 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
 
     key = ["mode", "query_id", "sample_idx"]
     ok = pl.col("status") != Status.EXECUTOR_ERROR.value
-    cols = key + ["seed", "exec_seed", *RATE_METRICS.values(), *MEAN_METRICS.values()]
+    # rows written before a metric existed (near_copy) lack its column: that metric is left out, not guessed
+    metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items() if c in a.columns and c in b.columns}
+    cols = key + ["seed", "exec_seed", *metrics.values()]
     j = a.filter(ok).select(cols).join(b.filter(ok).select(cols), on=key, how="inner", suffix="_b")
     bad = j.filter((pl.col("seed").fill_null(-1) != pl.col("seed_b").fill_null(-1))
                    | (pl.col("exec_seed") != pl.col("exec_seed_b")))
@@ -712,7 +737,7 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
     for mode in sorted(j["mode"].unique().to_list()):
         m = j.filter(pl.col("mode") == mode).sort(["query_id", "sample_idx"])
         g = m.group_by("query_id", maintain_order=True)
-        for metric, col in {**RATE_METRICS, **MEAN_METRICS}.items():
+        for metric, col in metrics.items():
             per_q = g.agg(pl.col(col).cast(pl.Float64()).alias("a"), pl.col(f"{col}_b").cast(pl.Float64()).alias("b"))
             xa, xb = [list(x) for x in per_q["a"].to_list()], [list(x) for x in per_q["b"].to_list()]
             d, lo, hi = stats.paired_bootstrap_diff(xa, xb, resamples=resamples, seed=seed)
