@@ -272,6 +272,7 @@ def test_catalog_learning_curve_view_and_run_table(tmp_path):
     assert text.startswith("held-out scores per iteration (test split")
     # resampling queries a (1.0, 0.1) and b (0.3, 0.3): means 0.3 (b, b), 0.425 (a, b), 0.55 (a, a)
     assert text.count("Δ vs previous") == 2 and "0.425 [0.300, 0.550]" in text
+    assert "headline: held-out answer_score" in text and "spogw@0001 vs base" in text
 
 
 def _paired_rows(system: str, valid: list[list[int]], reward: list[list[float]], seed_shift: int = 0) -> pl.DataFrame:

@@ -38,6 +38,9 @@ def add_pipeline_commands(sub) -> None:
     run.add_argument("--iterations", type=int, default=None, help="number of iterations (default: the config's)")
     run.add_argument("--assets-dir", default=None, help="where assets live (default: $SPOGW_ASSETS_DIR or ./assets)")
     run.add_argument("--force", action="store_true", help="rerun iterations whose report already exists")
+    run.add_argument("--seeds", default=None,
+                     help="comma-separated training seeds, e.g. 0,1,2: the loop once per seed in <assets>/seed-<s> "
+                          "(same held-out queries and draws), then the answer score's mean and spread over seeds")
     run.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
     cat = sub.add_parser("catalog", help="rebuild the DuckDB catalog of the assets directory")
     cat.add_argument("--assets-dir", default=None)
@@ -123,9 +126,16 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
         if args.iterations is not None and args.iterations < 1:
             raise ConfigValidationError("--iterations must be >= 1")
+        seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
         try:
-            outcomes = run_loop(args.profile, args.config, args.iterations, args.assets_dir, force=args.force,
-                                log_level=args.log_level.upper())
+            if seeds:
+                from .loop import run_seeds
+
+                outcomes = run_seeds(args.profile, args.config, args.iterations, args.assets_dir, seeds,
+                                     force=args.force, log_level=args.log_level.upper())
+            else:
+                outcomes = run_loop(args.profile, args.config, args.iterations, args.assets_dir, force=args.force,
+                                    log_level=args.log_level.upper())
         except Exception as e:  # the Dagster instance's own sqlite writes fail first on a full disk
             trouble = storage_trouble(args.assets_dir)
             if trouble is None or isinstance(e, ConfigValidationError) or (
@@ -143,6 +153,18 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             raise
         print(f"spogw: {storage_error_text(e)}", file=sys.stderr)
         return 2
+
+
+def parse_seeds(text: str) -> list[int]:
+    from .settings import ConfigValidationError
+
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigValidationError(f"--seeds {text!r}: give comma-separated integers, e.g. --seeds 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigValidationError(f"--seeds {text!r}: give one or more distinct integers, e.g. --seeds 0,1,2")
+    return seeds
 
 
 # a file cannot be written: read-only, full, over quota, or not ours (EPERM is left alone: the sandbox's own

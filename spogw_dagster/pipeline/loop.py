@@ -311,14 +311,15 @@ def run_loop(
     out: TextIO = sys.stdout,
     instance=None,
     log_level: str = "WARNING",
+    overrides: dict | None = None,
 ) -> list[IterationOutcome]:
     import dagster as dg
 
     from .resources import check_benchmark_data
     from .settings import load_config
 
-    overrides = {"iterations": iterations} if iterations is not None else None
-    cfg = load_config(profile, config_file, overrides)
+    overrides = {**(overrides or {}), **({"iterations": iterations} if iterations is not None else {})}
+    cfg = load_config(profile, config_file, overrides or None)
     check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     with assets_dir_lock(root, "spogw run"):
@@ -566,9 +567,40 @@ def summary_table(store: AssetStore, iterations: int) -> str:
         return "no benchmark_report yet"
     rep = pl.concat(rows, how="diagonal_relaxed")
     split = ", ".join(sorted(set(rep["split"].to_list())))
+    from .headline import headline, headline_text
+
+    head = headline_text(headline(store))
     return "\n".join([f"held-out scores per iteration ({split} split; 95% intervals: Wilson with the query design "
                       "effect for rates, query bootstrap for means; Δ: paired bootstrap over queries)", "",
-                      curve_table_text(rep)])
+                      curve_table_text(rep)] + (["", head] if head else []))
+
+
+def run_seeds(profile: str | None, config_file: str | None, iterations: int | None, assets_dir, seeds: list[int],
+              force: bool = False, out: TextIO = sys.stdout, log_level: str = "WARNING") -> list[IterationOutcome]:
+    """The loop once per training seed, each in `<assets>/seed-<s>` (one call cache for all), then the last
+    checkpoint's answer score against the base and the best baseline per seed and across seeds
+    (`<assets>/seeds_summary.parquet`)."""
+    from .headline import headline, seed_overrides, seed_table, seed_table_text
+    from .storage import write_parquet_atomic
+
+    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    outcomes: list[IterationOutcome] = []
+    per_seed: dict[int, list] = {}
+    for s in seeds:
+        print(f"=== training seed {s} ===", file=out, flush=True)
+        o = run_loop(profile, config_file, iterations, root / f"seed-{s}", force=force, out=out, log_level=log_level,
+                     overrides=seed_overrides(s, root / "call_cache.sqlite"))
+        outcomes += o
+        if any(x.status == "failed" for x in o):
+            break
+        per_seed[s] = headline(AssetStore(root / f"seed-{s}"))
+    if per_seed and all(per_seed.values()):
+        t = seed_table(per_seed)
+        write_parquet_atomic(t, root / "seeds_summary.parquet")
+        print("", file=out)
+        print(seed_table_text(t), file=out, flush=True)
+    return outcomes
 
 
 def run_comparison(profile: str | None, config_file: str | None, iteration: int, objectives: list[str] | None,

@@ -711,13 +711,15 @@ def score_distribution(scores: Sequence[float], bins: int = 5) -> dict[str, int]
     return out
 
 
-def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000, seed: int = 0,
+                      generator_seeds: bool = True) -> list[dict[str, Any]]:
     """System A against system B on the same held-out queries and seeds: per mode and metric, both values and
     the mean paired difference A - B with a paired bootstrap 95% interval over queries.
 
     `a` and `b` are heldout_results rows of one system each. Samples pair on (mode, query_id, sample_idx);
     a pair whose sampler or executor seeds differ is not a pair, and is an error (the comparison would be
-    between different draws). Executor-error samples are left out, as in the report."""
+    between different draws). `generator_seeds=False` pairs a policy with a static baseline, which has no
+    generator: then only the executor seeds must agree. Executor-error samples are left out, as in the report."""
     from spogw_dagster.core import stats
 
     key = ["mode", "query_id", "sample_idx"]
@@ -726,8 +728,10 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
     metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items() if c in a.columns and c in b.columns}
     cols = key + ["seed", "exec_seed", *metrics.values()]
     j = a.filter(ok).select(cols).join(b.filter(ok).select(cols), on=key, how="inner", suffix="_b")
-    bad = j.filter((pl.col("seed").fill_null(-1) != pl.col("seed_b").fill_null(-1))
-                   | (pl.col("exec_seed") != pl.col("exec_seed_b")))
+    differs = pl.col("exec_seed") != pl.col("exec_seed_b")
+    if generator_seeds:
+        differs = differs | (pl.col("seed").fill_null(-1) != pl.col("seed_b").fill_null(-1))
+    bad = j.filter(differs)
     if bad.height:
         r = bad.row(0, named=True)
         raise ValueError(f"{bad.height} samples have different seeds in the two systems (first: {r['mode']} "

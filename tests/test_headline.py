@@ -1,0 +1,98 @@
+"""The headline (last checkpoint vs base and vs the best static baseline, on the answer score) and the summary
+over training seeds, by hand."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from spogw_dagster.pipeline import headline as hl
+from spogw_dagster.pipeline import tables
+from spogw_dagster.pipeline.storage import AssetStore
+
+
+def _rows(system, kind, iteration, answers, *, mode="greedy", seed=7, ckpt=None):
+    """One sample per query q0, q1, ... with the given answer scores."""
+    return [{"iteration": iteration, "split": "test", "system": system, "kind": kind, "mode": mode,
+             "greedy": mode == "greedy", "query_id": f"q{i}", "sample_idx": 0, "seed": seed, "exec_seed": 11,
+             "temperature": None, "parse_status": "ok", "status": "ok", "valid": True, "executes": 1.0,
+             "reward": a, "answer_score": a, "trivial": False, "copied_from": None, "near_copy": False,
+             "finish_reason": "stop", "n_tokens": 1, "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 1,
+             "completion_tokens": 1, "checkpoint_iteration": ckpt, "adapter_sha256": None, "workflow": "w",
+             "error": ""} for i, a in enumerate(answers)]
+
+
+def _store(tmp_path, last_answers):
+    store = AssetStore(tmp_path)
+    base = [1, 0, 0, 0]
+    r0 = _rows("spogw@0000", "checkpoint", 0, [1, 1, 0, 0], ckpt=0) + _rows("base", "previous", 0, base) \
+        + _rows("baseline:io", "baseline", 0, [1, 1, 1, 0], seed=None) + _rows("baseline:cot", "baseline", 0,
+                                                                               [0, 1, 0, 0], seed=None)
+    r1 = _rows("spogw@0001", "checkpoint", 1, last_answers, ckpt=1) + _rows("spogw@0000", "previous", 1, [1, 1, 0, 0],
+                                                                            ckpt=0)
+    store.write_parquet("heldout_results", "0000", tables.heldout_frame(r0))
+    store.write_parquet("heldout_results", "0001", tables.heldout_frame(r1))
+    return store
+
+
+def test_last_checkpoint_against_base_and_best_baseline(tmp_path):
+    rows = hl.headline(_store(tmp_path, [1, 1, 1, 1]), resamples=100)
+    by = {r["against"]: r for r in rows}
+    assert set(by) == {"base", "baseline:io"}  # io (3/4) beats cot (1/4)
+    # vs base: per-query diffs 0, 1, 1, 1 -> mean 0.75
+    assert by["base"]["system"] == "spogw@0001"
+    assert (by["base"]["a"], by["base"]["b"], by["base"]["diff"]) == (1.0, 0.25, 0.75)
+    # vs io: diffs 0, 0, 0, 1 -> 0.25; bootstrap resamples of {0, 0, 0, 1} stay within [0, 1]
+    assert by["baseline:io"]["diff"] == 0.25 and 0.0 <= by["baseline:io"]["diff_ci_low"] <= 0.25
+    text = hl.headline_text(rows)
+    assert "spogw@0001 vs base" in text and "Δ +0.750" in text
+
+
+def test_baseline_pairs_need_only_the_executor_seed():
+    a = tables.heldout_frame(_rows("P", "checkpoint", 0, [1, 0]))
+    b = tables.heldout_frame(_rows("baseline:io", "baseline", 0, [0, 0], seed=None))
+    with pytest.raises(ValueError, match="different seeds"):
+        tables.paired_comparison(a, b)
+    (r,) = [x for x in tables.paired_comparison(a, b, resamples=50, generator_seeds=False)
+            if x["metric"] == "answer_score"]
+    assert r["diff"] == 0.5
+
+
+def test_seed_table_mean_and_spread_by_hand():
+    per_seed = {0: [{"against": "base", "mode": "greedy", "a": 0.5, "b": 0.25, "diff": 0.25, "diff_ci_low": 0.0,
+                     "diff_ci_high": 0.5}],
+                1: [{"against": "base", "mode": "greedy", "a": 0.25, "b": 0.25, "diff": 0.0, "diff_ci_low": -0.25,
+                     "diff_ci_high": 0.25}],
+                2: [{"against": "base", "mode": "greedy", "a": 0.75, "b": 0.25, "diff": 0.5, "diff_ci_low": 0.25,
+                     "diff_ci_high": 0.75}]}
+    t = hl.seed_table(per_seed)
+    agg = t.filter(pl.col("seed").is_null()).row(0, named=True)
+    # diffs 0.25, 0, 0.5: mean 0.25, sample sd sqrt(((0)^2 + 0.25^2 + 0.25^2) / 2) = 0.25
+    assert agg["diff"] == 0.25 and agg["sd"] == pytest.approx(0.25) and (agg["min"], agg["max"]) == (0.0, 0.5)
+    assert agg["this"] == 0.5 and agg["n_seeds"] == 3
+    assert t.filter(pl.col("seed").is_not_null()).height == 3
+    one = hl.seed_table({0: per_seed[0]}).filter(pl.col("seed").is_null()).row(0, named=True)
+    assert math.isnan(one["sd"])
+    assert "mean of 3" in hl.seed_table_text(t)
+
+
+def test_seed_overrides_keep_the_heldout_draws():
+    from spogw_dagster.pipeline.settings import load_config
+
+    a = load_config("tiny", None, hl.seed_overrides(1, tmp := __import__("pathlib").Path("/tmp/c.sqlite")))
+    b = load_config("tiny", None, hl.seed_overrides(2, tmp))
+    assert (a.generator.seed, a.training.seed, a.curation.seed) == (1, 1, 1)
+    assert a.report.seed == b.report.seed and a.execution.seed == b.execution.seed
+    assert a.hash != b.hash
+
+
+def test_parse_seeds():
+    from spogw_dagster.pipeline.commands import parse_seeds
+    from spogw_dagster.pipeline.settings import ConfigValidationError
+
+    assert parse_seeds("0, 1,2") == [0, 1, 2]
+    for bad in ("a,b", "1,1", ","):
+        with pytest.raises(ConfigValidationError, match="--seeds"):
+            parse_seeds(bad)
