@@ -72,7 +72,8 @@ def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem]
     """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
     from spogw_dagster.workflow.template import generator_prompt
 
-    prompts = [generator_prompt(p.family, p.question) for p in problems]
+    style = pipeline.config().generator.prompt
+    prompts = [generator_prompt(p.family, p.question, style) for p in problems]
     samples, tps = sample_prompts(pipeline, adapter, prompts, n=n, temperature=temperature, seed=seed)
     return prompts, samples, tps
 

@@ -96,6 +96,15 @@ class GeneratorSection(_Section):
     batch_size: int = Field(8, ge=1)
     seed: int = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # what the prompt shows besides the operators (workflow/template.PROMPT_STYLES)
+    prompt: Literal["examples", "one_example", "operators"] = "examples"
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        d = handler(self)
+        if isinstance(d, dict) and d.get("prompt") == "examples":  # the default: older configs keep their hash
+            d.pop("prompt")
+        return d
 
     @field_validator("model")
     @classmethod

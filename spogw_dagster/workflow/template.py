@@ -144,21 +144,48 @@ def _task_comment(question: str, max_chars: int = 600) -> str:
     return f"# Task: {q}"
 
 
-def generator_prompt(family: str, question: str) -> str:
+# What the generator is shown besides the operators (generator.prompt):
+#   examples     three whole example workflows (the default; small models copy their shape, and often them)
+#   one_example  one of them, a different one per query (chosen by a hash of the query): less to copy verbatim
+#   operators    no workflow at all: the operators' documentation and how they combine, in words
+PROMPT_STYLES = ("examples", "one_example", "operators")
+
+COMPOSITION_NOTES = (
+    "# How operators combine: call a solution-writing operator several times (different instructions, or in a\n"
+    "# loop) and pass the list to sc_ensemble; pass a solution to the checking or revising operators; store\n"
+    "# results in variables; return one solution string."
+)
+
+
+def _example_index(question: str, n: int) -> int:
+    import zlib
+
+    return zlib.crc32(question.encode("utf-8", "replace")) % n
+
+
+def generator_prompt(family: str, question: str, style: str = "examples") -> str:
     """Completion-style prompt for the generator, ending with the workflow header so the model writes the body.
 
-    Designed for small models: plain completion, three few-shot workflows, the class header and
-    the body's indentation prefilled. The model's completion is the method body; `assemble_workflow`
-    turns it back into a full class.
+    Designed for small models: plain completion, few-shot workflows (`style`, see PROMPT_STYLES), the class
+    header and the body's indentation prefilled. The model's completion is the method body;
+    `assemble_workflow` turns it back into a full class.
     """
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown generator prompt style {style!r}; expected one of {', '.join(PROMPT_STYLES)}")
     parts = [
         "# Workflows are Python classes that solve a task by calling these operators (and nothing else):",
         operator_help(family),
         "# A workflow must not contain task-specific facts; it must end with `return`.",
         "",
     ]
-    for i, body in enumerate(FEW_SHOT[family]):
-        parts.append(f"# Example workflow {i + 1}")
+    shown = list(enumerate(FEW_SHOT[family]))
+    if style == "one_example":
+        shown = [shown[_example_index(question, len(shown))]]
+    elif style == "operators":
+        shown = []
+        parts += [COMPOSITION_NOTES, ""]
+    for k, (i, body) in enumerate(shown):
+        parts.append(f"# Example workflow {k + 1}")
         parts.append(WORKFLOW_HEADER + body)
     parts.append(_task_comment(question))
     parts.append(WORKFLOW_HEADER + "        ")
