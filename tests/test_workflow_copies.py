@@ -57,3 +57,23 @@ def _row(q, j, code, copied):
             "finish_reason": "stop", "n_tokens": 5, "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 1,
             "completion_tokens": 1, "checkpoint_iteration": None, "adapter_sha256": None, "workflow": code,
             "error": ""}
+
+
+def test_prompt_styles_show_what_they_say():
+    from spogw_dagster.workflow.template import COMPOSITION_NOTES, generator_prompt
+
+    full = generator_prompt("code", "Write add(a, b).")
+    assert full.count("# Example workflow") == 3 and generator_prompt("code", "Write add(a, b).", "examples") == full
+    none = generator_prompt("code", "Write add(a, b).", "operators")
+    assert "# Example workflow" not in none and COMPOSITION_NOTES in none and none.endswith("    async def run(self):\n        ")
+    # one example per query, not always the same one
+    shown = set()
+    for i in range(40):
+        p = generator_prompt("code", f"Write task number {i}.", "one_example")
+        assert p.count("# Example workflow") == 1
+        shown.add(next(b for b in FEW_SHOT["code"] if b in p))
+    assert len(shown) == 3
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown generator prompt style 'many'"):
+        generator_prompt("code", "x", "many")
