@@ -19,9 +19,7 @@ changed, so the 1 GB file is not read at every start.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -29,10 +27,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from . import paths
-from .fsutil import atomic_path, file_sha256, write_text_atomic
+from .fsutil import atomic_path, file_lock, file_sha256, write_text_atomic
 
 MARKER_SUFFIX = ".verified.json"
 _READ = 1 << 22
@@ -241,16 +239,6 @@ def _write_marker(target: Path, model: BundledModel) -> None:
                                   "size": st.st_size, "mtime_ns": st.st_mtime_ns}, indent=2), _marker_path(model))
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def _damaged(model: BundledModel, chunk: Chunk, what: str) -> BundledModelError:
     return BundledModelError(
         f"{model.title}: the data file of {chunk.requirement} ({chunk_path(chunk)}) {what}, so it is not the "
@@ -296,7 +284,7 @@ def gguf_path(name: str, *, progress: Callable[[str], None] | None = None) -> Pa
         return target
     if missing:
         raise _not_installed(model, missing)
-    with _lock(root / f".{model.file_name}.lock"):
+    with file_lock(root / f".{model.file_name}.lock"):
         if _marker_matches(target, model):  # another process finished while we waited
             return target
         if target.is_file() and target.stat().st_size == model.size and file_sha256(target) == model.sha256:

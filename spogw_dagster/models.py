@@ -23,7 +23,6 @@ even without the lock the loser of the rename just discards its copy.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from typing import Any
 from spogw_dagster import paths
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.bundled_models import all_aliases, find, gguf_path
-from spogw_dagster.fsutil import file_sha256
+from spogw_dagster.fsutil import file_lock, file_sha256
 
 DEFAULT_MODEL = "smollm2"
 ALIASES = all_aliases()  # every bundled model (bundled_models.py): smollm2, qwen2.5-coder-0.5b, ...
@@ -109,16 +108,6 @@ def _fast_lookup(gguf: Path, st: os.stat_result) -> Path | None:
     return None
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
     """Plain HF folder converted from `gguf`, cached under ``cache_dir()/models/<stem>-<sha16>``."""
     gguf = Path(gguf).resolve()
@@ -129,7 +118,7 @@ def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
     sha = file_sha256(gguf)
     root = _models_root()
     final = root / f"{gguf.stem}-{sha[:16]}"
-    with _file_lock(root / f".{final.name}.lock"):
+    with file_lock(root / f".{final.name}.lock"):
         m = _read_marker(final)
         if m and m.get("gguf_sha256") == sha and m.get("conversion_version") == CONVERSION_VERSION:
             # same bytes under a new path or mtime: remember them so the next lookup skips hashing

@@ -1,6 +1,5 @@
 """Near copies of what the prompt shows, and distinct workflows per query (names and layout normalised)."""
 
-import polars as pl
 
 from spogw_dagster.pipeline import tables
 from spogw_dagster.workflow.copies import copied_from, distinct_count, normalized
