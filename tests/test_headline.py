@@ -4,6 +4,7 @@ over training seeds, by hand."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -81,7 +82,7 @@ def test_seed_table_mean_and_spread_by_hand():
 def test_seed_overrides_keep_the_heldout_draws():
     from spogw_dagster.pipeline.settings import load_config
 
-    a = load_config("tiny", None, hl.seed_overrides(1, tmp := __import__("pathlib").Path("/tmp/c.sqlite")))
+    a = load_config("tiny", None, hl.seed_overrides(1, tmp := Path("/tmp/c.sqlite")))
     b = load_config("tiny", None, hl.seed_overrides(2, tmp))
     assert (a.generator.seed, a.training.seed, a.curation.seed) == (1, 1, 1)
     assert a.report.seed == b.report.seed and a.execution.seed == b.execution.seed
@@ -96,3 +97,30 @@ def test_parse_seeds():
     for bad in ("a,b", "1,1", ","):
         with pytest.raises(ConfigValidationError, match="--seeds"):
             parse_seeds(bad)
+
+
+def test_run_seeds_runs_one_loop_per_seed_and_summarises(tmp_path, monkeypatch):
+    """run_seeds' own logic (directories, overrides, the summary), with the loop itself replaced by one that
+    writes each seed's held-out rows: the loop is tested end to end in test_pipeline_e2e."""
+    import io
+
+    from spogw_dagster.pipeline import loop
+
+    calls = []
+
+    def fake_loop(profile, config_file, iterations, assets_dir, *, force, out, log_level, overrides):
+        calls.append((Path(assets_dir), overrides))
+        s = overrides["generator"]["seed"]
+        _store(Path(assets_dir), [1, 1, 1, 1] if s == 0 else [1, 1, 0, 0])
+        return [loop.IterationOutcome("0000", "ok")]
+
+    monkeypatch.setattr(loop, "run_loop", fake_loop)
+    out = io.StringIO()
+    loop.run_seeds("ci", None, 1, tmp_path, [0, 1], out=out)
+    assert [c[0].name for c in calls] == ["seed-0", "seed-1"]
+    assert {c[1]["executor"]["cache_file"] for c in calls} == {str(tmp_path.resolve() / "call_cache.sqlite")}
+    t = pl.read_parquet(tmp_path / "seeds_summary.parquet")
+    agg = t.filter(pl.col("seed").is_null() & (pl.col("against") == "base")).row(0, named=True)
+    # vs base (0.25): seed 0 gains 0.75, seed 1 gains 0.25 -> mean 0.5, sd sqrt(2 * 0.25^2 / 1) = 0.3536
+    assert agg["diff"] == 0.5 and agg["sd"] == pytest.approx(0.35355, abs=1e-4)
+    assert "mean of 2" in out.getvalue()
