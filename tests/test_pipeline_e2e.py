@@ -369,3 +369,16 @@ def test_execution_and_report_metadata_name_the_executor_runtime_and_its_cpu_fea
         runtime = md["executor_runtime"]
         assert runtime and all(r["runtime"]["tag"] == build_tag() for r in runtime)
         assert all(r["threads"] == 1 and r["slots"] == 1 for r in runtime)
+
+
+def test_sampled_metadata_and_report_measure_copies(loop):
+    """The copy measures reach the UI: sampled_workflows' metadata and the report's rows."""
+    from spogw_dagster.workflow.copies import copied_from
+
+    md = loop["md1"]["sampled_workflows"]
+    sampled = loop["sampled1"]
+    valid = sampled.filter(pl.col("parse_status") == "ok")
+    expected = (sum(copied_from(w, "code") is not None for w in valid["workflow"].to_list()) / valid.height
+                if valid.height else 0.0)
+    assert md["near_copy_rate"] == pytest.approx(expected, abs=1e-4)
+    assert "distinct_per_query" in md

@@ -5,6 +5,11 @@
             Static baselines on the first 40 test queries with the bundled executor (`spogw baseline`):
             HumanEval io 2/40, cot 3/40, cot_sc 2/40; GSM8K io 0/40, cot 0/40, cot_sc 1/40. A partial-credit
             reward ladder keeps a 135M generator's groups from being all zero; 2 iterations.
+- ``answers`` where answers can move on 2 cores: the bundled Qwen2.5-Coder-0.5B as executor (HumanEval IO
+            pass@1 0.494 on all 83 test queries, against ~0.05 for SmolLM2) and as generator (base valid rate 0.56
+            against 0.06 for SmolLM2 on the validation split); held-out over all 83 test queries, greedy and one
+            sample per query; needs `pip install -e ".[qwen-0.5b]"` (or `spogw models install qwen2.5-coder-0.5b`).
+            Hours, not minutes, on 2 cores (see the README).
 - ``ci``    the same stack, smaller still: what the end-to-end test runs (2 training queries, m = n = 4, t = 1,
             short generations, 2 held-out queries, 1 epoch, 2 iterations).
 - ``paper`` the paper's setting (d = 100, m = 16, n = 14, t = 4, β = 0.1, 3 iterations) with a local Hugging Face
@@ -63,6 +68,29 @@ PROFILES: dict[str, dict[str, Any]] = {
         # baselines greedy only (one executor run per query, as `spogw baseline`); CoT-SC (4 executor calls
         # a query) is left to the `paper` profile and `spogw baseline` to keep tiny within 45 minutes
         "report": {"baselines": ["io", "cot"], "greedy": True, "samples": 4, "baseline_samples": 0},
+    },
+    "answers": {
+        "iterations": 2,
+        # all 83 test queries of the split: no subset to be lucky on; choices are made on validation (16)
+        "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 16, "heldout_queries": 83},
+        # measured on the validation split, 8 queries x 4 samples, T = 0.5, 96 tokens (bench/generator_choice.py,
+        # 2026-12-02): valid 0.562 with 16.7% near copies and 1.75 distinct workflows a query, against SmolLM2's
+        # 0.062; about 3x slower to sample. Three example workflows: one example made SmolLM2's validity fall
+        # by half and none to zero.
+        "generator": {"model": "qwen2.5-coder-0.5b", "backend": "transformers", "temperature": 0.5,
+                      "max_new_tokens": 96, "batch_size": 8, "seed": 0, "prompt": "examples"},
+        "executor": {"model": "qwen2.5-coder-0.5b", "max_tokens": 384, "temperature": 0.7, "top_p": 0.95},
+        "execution": {"runs": 1, "concurrency": 2, "wall_s": 180},
+        # the answer weighs most; the lower rungs keep a group of all-wrong answers from being flat
+        "reward": {"format": 0.05, "valid": 0.1, "executes": 0.1, "answer": 0.75},
+        "curation": {"m": 8, "n": 5, "t": 2, "g_max": 2, "tau_sim": 0.95, "tau_std": 0.01},
+        # tiny's tuned settings, not retuned for the larger generator (a validation sweep is left to do)
+        "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 5e-4, "epochs": 2, "batch_size": 8,
+                     "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128,
+                     "eval_after": False, "dpo_num_pairs": 64, "aggregate_unique": False},
+        # pass@1 greedy and over one sample per query (paired with π_{k-1}); IO and CoT as the report's baselines
+        # (the five-baseline table is `spogw baseline`'s, on the same executor and queries)
+        "report": {"baselines": ["io", "cot"], "greedy": True, "samples": 1, "baseline_samples": 0},
     },
     "ci": {
         "iterations": 2,

@@ -44,13 +44,14 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl
     )
     if cfg.refinement.enabled:
         df = _refine(context, pipeline, cfg, k, parent, problems[0].family, df)
-    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(df, parent, len(problems), tps, seed)})
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0),
+                                 **_metadata(df, parent, len(problems), tps, seed, problems[0].family)})
     say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
                  f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
     return df
 
 
-def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int) -> dict[str, Any]:
+def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int, family: str) -> dict[str, Any]:
     parse = dict(Counter(df["parse_status"].to_list()))
     return {
         "parent_checkpoint": dg.MetadataValue.json(
@@ -61,10 +62,27 @@ def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int) -> 
         "workflows": dg.MetadataValue.int(df.height),
         "parse_status": md_table(parse, ("parse status", "workflows")),
         "valid_rate": dg.MetadataValue.float(round(parse.get("ok", 0) / max(1, df.height), 4)),
+        # valid workflows that copy what the prompt shows (names and layout normalised): a policy that only copies
+        # cannot improve on its examples
+        **_copies(df, family),
         "mean_tokens": dg.MetadataValue.float(round(float(df["n_tokens"].mean() or 0), 2)),
         "generation_tokens_per_s": dg.MetadataValue.float(round(tps, 2)),
         "seed": dg.MetadataValue.int(seed),
     }
+
+
+def _copies(df: pl.DataFrame, family: str) -> dict[str, Any]:
+    from spogw_dagster.workflow.copies import copied_from, distinct_count
+
+    valid = df.filter(pl.col("parse_status") == "ok")
+    if valid.height == 0:
+        return {"near_copy_rate": dg.MetadataValue.float(0.0), "distinct_per_query": dg.MetadataValue.float(0.0)}
+    copies = Counter(copied_from(w, family) for w in valid["workflow"].to_list())
+    per_q = valid.group_by("query_id").agg(pl.col("workflow"))["workflow"].to_list()
+    return {"near_copy_rate": dg.MetadataValue.float(round(sum(v for k, v in copies.items() if k) / valid.height, 4)),
+            "near_copies": dg.MetadataValue.json({k: v for k, v in copies.items() if k}),
+            "distinct_per_query": dg.MetadataValue.float(round(sum(distinct_count(list(w)) for w in per_q)
+                                                               / df["query_id"].n_unique(), 3))}
 
 
 def _refine(context, pipeline: PipelineResource, cfg, k: int, parent, family: str, first: pl.DataFrame) -> pl.DataFrame:
