@@ -277,19 +277,19 @@ def gguf_path(name: str, *, progress: Callable[[str], None] | None = None) -> Pa
     model = get(name)
     if not model.assembled:
         return _in_place(model)
-    missing = missing_chunks(model)
     root = models_dir()
     target = root / model.file_name
     if _marker_matches(target, model):
         return target
-    if missing:
-        raise _not_installed(model, missing)
     with file_lock(root / f".{model.file_name}.lock"):
         if _marker_matches(target, model):  # another process finished while we waited
             return target
         if target.is_file() and target.stat().st_size == model.size and file_sha256(target) == model.sha256:
-            _write_marker(target, model)  # right bytes, stale marker (copied, touched)
+            _write_marker(target, model)  # right bytes, stale marker (copied, touched): no chunks needed
             return target
+        missing = missing_chunks(model)
+        if missing:
+            raise _not_installed(model, missing)
         with atomic_path(target) as tmp, open(tmp, "wb") as out:
             _copy_verified(model, out, progress)
         _write_marker(target, model)
