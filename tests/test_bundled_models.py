@@ -103,6 +103,16 @@ def test_assembled_file_changed_later_is_rebuilt(tmp_path, monkeypatch):
     assert bm.gguf_path("fakemodel").read_bytes() == b"".join(CHUNK_BYTES)
 
 
+def test_a_verified_file_with_a_stale_marker_needs_no_chunks(tmp_path, monkeypatch):
+    model = _make_fake(tmp_path, monkeypatch)
+    path = bm.gguf_path("fakemodel")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # touched: marker stale
+    for i in (1, 2, 3):
+        _chunk_file(tmp_path, i).unlink()
+    assert bm.gguf_path("fakemodel") == path  # re-hashed, right bytes: used without the chunks
+    assert bm.state(model)["state"] == "ready"
+
+
 def test_registry_is_consistent():
     for m in bm.REGISTRY.values():
         assert m.aliases[0] == m.alias and bm.find(m.alias.upper()) is m
@@ -144,5 +154,10 @@ def test_settings_accept_a_bundled_executor_and_refuse_an_unknown_one():
 
     cfg = load_config("tiny", None, {"executor": {"model": "qwen2.5-coder-0.5b"}})
     assert cfg.executor.model == "qwen2.5-coder-0.5b" and cfg.executor.endpoints() == []
+    # another spelling of the same bundled model is the same config
+    assert load_config("tiny", None, {"executor": {"model": "Qwen2.5-Coder-0.5B-Instruct"}}).hash == cfg.hash
+    # with an endpoint the name is the endpoint's, as written
+    served = load_config("tiny", None, {"executor": {"url": "http://127.0.0.1:9/v1", "model": "Qwen2.5-Coder-0.5B"}})
+    assert served.executor.model == "Qwen2.5-Coder-0.5B"
     with pytest.raises(ConfigValidationError, match="neither a bundled model"):
         load_config("tiny", None, {"executor": {"model": "llama-70b"}})

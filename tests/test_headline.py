@@ -124,3 +124,31 @@ def test_run_seeds_runs_one_loop_per_seed_and_summarises(tmp_path, monkeypatch):
     # vs base (0.25): seed 0 gains 0.75, seed 1 gains 0.25 -> mean 0.5, sd sqrt(2 * 0.25^2 / 1) = 0.3536
     assert agg["diff"] == 0.5 and agg["sd"] == pytest.approx(0.35355, abs=1e-4)
     assert "mean of 2" in out.getvalue()
+
+
+def test_old_partitions_without_copy_columns_do_not_break_the_headline(tmp_path):
+    """Partitions written before near_copy existed: concatenated with new ones the column is null for them, so
+    the metric is left out of the comparison, not summed over nulls."""
+    store = _store(tmp_path, [1, 1, 1, 1])
+    old = store.read_parquet("heldout_results", "0000").drop("copied_from", "near_copy")
+    store.write_parquet("heldout_results", "0000", old)
+    rows = hl.headline(store, resamples=50)
+    assert {r["against"] for r in rows} == {"base", "baseline:io"}
+    held = hl.heldout_rows(store)
+    metrics = {r["metric"] for r in tables.paired_comparison(tables.system_rows(held, "spogw@0001"),
+                                                              tables.system_rows(held, "base"), resamples=50)}
+    assert "answer_score" in metrics and "near_copy_rate" not in metrics
+
+
+def test_a_baseline_cached_before_the_copy_columns_is_upgraded_not_a_crash(tmp_path):
+    from spogw_dagster.pipeline import heldout as ho
+
+    rows = tables.heldout_frame(_rows("baseline:io", "baseline", 0, [1, 0], seed=None)).drop("copied_from",
+                                                                                              "near_copy")
+    (tmp_path / ho.CACHE_DIR).mkdir(parents=True)
+    rows.write_parquet(tmp_path / ho.CACHE_DIR / f"baseline-{'k' * 24}.parquet")
+    got = ho.cached_baseline(tmp_path, "k" * 40, 3)
+    assert got["near_copy"].to_list() == [False, False] and got["copied_from"].null_count() == 2
+    assert set(got.columns) == set(tables.HELDOUT_SCHEMA) and got["iteration"].to_list() == [3, 3]
+    both = pl.concat([tables.heldout_frame(_rows("P", "checkpoint", 3, [1, 1])), got], how="vertical_relaxed")
+    assert both.height == 4

@@ -9,7 +9,7 @@ from spogw_dagster.pipeline.profiles import profile_names
 
 
 def test_profiles_load_and_build_core_configs():
-    for name in ("tiny", "ci"):
+    for name in ("tiny", "ci", "answers"):
         cfg = load_config(name)
         assert cfg.profile == name
         cc = cfg.curation_config()
@@ -18,7 +18,10 @@ def test_profiles_load_and_build_core_configs():
         assert tc.temperature == cfg.generator.temperature  # π_old is the sampler's distribution
         assert cfg.benchmark.name == "humaneval"
         assert cfg.executor.url is None  # embedded executor
-    assert set(profile_names()) == {"tiny", "ci", "paper"}
+    assert set(profile_names()) == {"tiny", "ci", "answers", "paper"}
+    # answers: the capable bundled executor and generator, held-out over every test query of the split
+    a = load_config("answers")
+    assert (a.executor.model, a.generator.model, a.benchmark.heldout_queries) == ("qwen2.5-coder-0.5b",) * 2 + (83,)
     assert load_config().profile == "tiny"  # the default
 
 

@@ -53,7 +53,8 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
         try:
             gguf = resolve_gguf(model, role="executor model") if model else None
         except BundledModelError as e:
-            raise ValueError(f"{e} (with --executor-url, --executor-model is the name the endpoint serves)") from None
+            hint = " (with an endpoint URL, the model is the name the endpoint serves)" if "neither" in str(e) else ""
+            raise ValueError(f"{e}{hint}") from None
         inner = EmbeddedExecutor(gguf, workers=workers, threads=threads, timeout_s=timeout_s)
     from .attribution import FaultAttributingExecutor
 

@@ -151,9 +151,10 @@ def cached_baseline(root: Path, key: str, iteration: int) -> pl.DataFrame | None
     if not p.is_file():
         return None
     try:
-        return tables.relabel(pl.read_parquet(p), iteration)
+        rows = pl.read_parquet(p)
     except Exception:  # a damaged cache file is recomputed, not trusted
         return None
+    return tables.relabel(tables.with_baseline_columns(rows), iteration)
 
 
 def store_baseline(root: Path, key: str, rows: pl.DataFrame) -> None:

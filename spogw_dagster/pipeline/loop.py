@@ -569,7 +569,10 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     split = ", ".join(sorted(set(rep["split"].to_list())))
     from .headline import headline, headline_text
 
-    head = headline_text(headline(store))
+    try:
+        head = headline_text(headline(store))
+    except ValueError as e:  # e.g. systems scored with other seeds: the table above still stands
+        head = f"headline: not computed ({e})"
     return "\n".join([f"held-out scores per iteration ({split} split; 95% intervals: Wilson with the query design "
                       "effect for rates, query bootstrap for means; Δ: paired bootstrap over queries)", "",
                       curve_table_text(rep)] + (["", head] if head else []))

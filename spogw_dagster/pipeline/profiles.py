@@ -74,7 +74,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         # all 83 test queries of the split: no subset to be lucky on; choices are made on validation (16)
         "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 16, "heldout_queries": 83},
         # measured on the validation split, 8 queries x 4 samples, T = 0.5, 96 tokens (bench/generator_choice.py,
-        # 2026-12-02): valid 0.562 with 16.7% near copies and 1.75 distinct workflows a query, against SmolLM2's
+        # 2026-12-02): valid 0.562, 16.7% of the valid ones near copies, and 1.75 distinct workflows a query, against SmolLM2's
         # 0.062; about 3x slower to sample. Three example workflows: with one, Qwen copied it twice as often
         # (35% near copies), with none it wrote 3% valid workflows.
         "generator": {"model": "qwen2.5-coder-0.5b", "backend": "transformers", "temperature": 0.5,

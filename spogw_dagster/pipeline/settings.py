@@ -32,6 +32,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_serializer,
@@ -150,6 +151,17 @@ class ExecutorSection(_Section):
     # unset: one single-thread worker per core. A call's text depends on `threads`, never on `workers`.
     workers: int | None = Field(None, ge=1, le=64)
     threads: int | None = Field(None, ge=1, le=256)
+
+    @field_validator("model")
+    @classmethod
+    def _bundled_alias(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # the embedded executor on a bundled model: one spelling per model, so its aliases share a config hash
+        if v is None or info.data.get("url") or info.data.get("urls"):
+            return v
+        from spogw_dagster.bundled_models import find
+
+        m = find(v)
+        return m.alias if m is not None else v
 
     @field_validator("urls")
     @classmethod

@@ -513,6 +513,20 @@ def heldout_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
         [pl.col("kind").replace_strict(KIND_ORDER, default=9), "system", "mode", "query_id", "sample_idx"])
 
 
+def with_baseline_columns(rows: pl.DataFrame) -> pl.DataFrame:
+    """Baseline rows cached before the copy columns existed: a static baseline is never a copy of the prompt
+    (it has no generator), so the values are known. Other missing columns stay missing (not reused)."""
+    add = []
+    if "copied_from" not in rows.columns:
+        add.append(pl.lit(None, dtype=pl.String()).alias("copied_from"))
+    if "near_copy" not in rows.columns:
+        add.append(pl.lit(False).alias("near_copy"))
+    rows = rows.with_columns(add) if add else rows
+    if set(HELDOUT_SCHEMA) <= set(rows.columns):  # the schema's order, so it concatenates with fresh rows
+        rows = rows.select(list(HELDOUT_SCHEMA))
+    return rows
+
+
 def relabel(rows: pl.DataFrame, iteration: int, kind: str | None = None) -> pl.DataFrame:
     """Reused rows (π_{k-1}'s from report k-1, cached baselines) under this report's iteration (and kind)."""
     out = rows.with_columns(pl.lit(iteration, dtype=pl.Int64()).alias("iteration"))
@@ -725,7 +739,9 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
     key = ["mode", "query_id", "sample_idx"]
     ok = pl.col("status") != Status.EXECUTOR_ERROR.value
     # rows written before a metric existed (near_copy) lack its column: that metric is left out, not guessed
-    metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items() if c in a.columns and c in b.columns}
+    # (absent, or null where partitions of both kinds were concatenated)
+    metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items()
+               if c in a.columns and c in b.columns and a[c].null_count() == 0 and b[c].null_count() == 0}
     cols = key + ["seed", "exec_seed", *metrics.values()]
     j = a.filter(ok).select(cols).join(b.filter(ok).select(cols), on=key, how="inner", suffix="_b")
     differs = pl.col("exec_seed") != pl.col("exec_seed_b")

@@ -79,7 +79,8 @@ def _copies(df: pl.DataFrame, family: str) -> dict[str, Any]:
         return {"near_copy_rate": dg.MetadataValue.float(0.0), "distinct_per_query": dg.MetadataValue.float(0.0)}
     copies = Counter(copied_from(w, family) for w in valid["workflow"].to_list())
     per_q = valid.group_by("query_id").agg(pl.col("workflow"))["workflow"].to_list()
-    return {"near_copy_rate": dg.MetadataValue.float(round(sum(v for k, v in copies.items() if k) / valid.height, 4)),
+    # over all samples, as the report's near_copy_rate (an invalid sample is no copy)
+    return {"near_copy_rate": dg.MetadataValue.float(round(sum(v for k, v in copies.items() if k) / df.height, 4)),
             "near_copies": dg.MetadataValue.json({k: v for k, v in copies.items() if k}),
             "distinct_per_query": dg.MetadataValue.float(round(sum(distinct_count(list(w)) for w in per_q)
                                                                / df["query_id"].n_unique(), 3))}
