@@ -40,4 +40,4 @@ def test_an_unknown_executor_model_without_url_is_refused_by_name():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     err = json.loads(out.stdout)["error"]
-    assert "'gpt-4o' is neither a bundled model" in err and "qwen2.5-coder-0.5b" in err and "--executor-url" in err
+    assert "'gpt-4o' is neither a bundled model" in err and "qwen2.5-coder-0.5b" in err and "endpoint URL" in err
