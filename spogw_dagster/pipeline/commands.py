@@ -226,12 +226,13 @@ def compare_command(args: argparse.Namespace) -> int:
     from .settings import ConfigValidationError
     from .storage import AssetStore, default_assets_dir
 
+    from .headline import heldout_rows
+
     store = AssetStore(args.assets_dir or default_assets_dir())
-    parts = store.partitions("heldout_results")
-    if not parts:
+    heldout = heldout_rows(store)
+    if heldout is None:
         raise ConfigValidationError(f"no heldout_results under {store.root}; materialize benchmark_report first "
                                     "(spogw run) or pass --assets-dir")
-    heldout = pl.concat([store.read_parquet("heldout_results", p) for p in parts], how="diagonal_relaxed")
     if args.split:
         heldout = heldout.filter(pl.col("split") == args.split)
     try:

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import polars as pl
 
+from spogw_dagster.contracts import Status
+
 from . import tables
 from .storage import AssetStore
 
@@ -22,6 +24,7 @@ METRIC = tables.HEADLINE_METRIC
 
 
 def heldout_rows(store: AssetStore) -> pl.DataFrame | None:
+    """Every partition's held-out rows (older partitions may lack newer columns: null there), or None."""
     parts = store.partitions("heldout_results")
     if not parts:
         return None
@@ -61,7 +64,7 @@ def headline(store: AssetStore, resamples: int = 2000, seed: int = 0) -> list[di
 def best_baseline(heldout: pl.DataFrame) -> str | None:
     """The static baseline with the highest greedy answer score (executor errors left out)."""
     b = heldout.filter((pl.col("kind") == "baseline") & (pl.col("mode") == "greedy")
-                       & (pl.col("status") != "executor_error"))
+                       & (pl.col("status") != Status.EXECUTOR_ERROR.value))
     if b.height == 0:
         return None
     means = b.group_by("system").agg(pl.col(METRIC).mean().alias("m")).sort(["m", "system"], descending=[True, False])
