@@ -517,3 +517,41 @@ def test_curation_config_defaults_and_from_dict():
     with pytest.raises(ConfigError, match="unknown field"):
         CurationConfig.from_dict({"tau_simm": 0.9})
     CurationConfig(m=2, n=2, t=1, tau_std=0.0, tau_sim=1.0)  # the smallest valid setting
+
+
+def _with_prompt_groups(df: pl.DataFrame, groups: list) -> pl.DataFrame:
+    return df.with_columns(pl.Series("prompt_group", groups, dtype=pl.String))
+
+
+def test_groups_and_std_never_mix_prompts():
+    # query q: sample 0-2 from its first prompt (scores 1, 0, 0), 3-5 from a refinement prompt "p1" (all 0.5).
+    # Pooled, 0-5 would form C(6,3) = 20 groups; per prompt, each prompt has exactly C(3,3) = 1 group.
+    scores = [1.0, 0.0, 0.0, 0.5, 0.5, 0.5]
+    df = _with_prompt_groups(frame([("q", i, s, "ok") for i, s in enumerate(scores)]),
+                             [None, None, None, "p1", "p1", "p1"])
+    cfg = CurationConfig(m=6, n=3, t=1, g_max=100, tau_sim=1.0, tau_std=0.0)
+    sc = C.screen(df, cfg)
+    assert sc.groups_formed == 2
+    by_id = {r["group_id"]: r for r in sc.groups.iter_rows(named=True)}
+    assert set(by_id) == {"0:q#0", "0:q@p1#0"}
+    assert by_id["0:q#0"]["members"] == [0, 1, 2] and by_id["0:q@p1#0"]["members"] == [3, 4, 5]
+    # population std of (1, 0, 0) = sqrt(2/9); of (0.5, 0.5, 0.5) = 0
+    assert by_id["0:q#0"]["score_std"] == pytest.approx(math.sqrt(2 / 9))
+    assert by_id["0:q@p1#0"]["score_std"] == 0.0
+    # the same workflow text under two prompts is no near-duplicate across them
+    same = _with_prompt_groups(frame([("q", 0, 1.0, "ok", distinct_code(0)), ("q", 1, 0.0, "ok", distinct_code(0))]),
+                               [None, "p1"])
+    kept, dropped = C.filter_near_duplicates(same, 0.9)
+    assert kept.height == 2 and dropped.height == 0
+
+
+def test_preference_pairs_never_join_two_prompts():
+    # first prompt: scores 1, 0 -> one pair (0 > 1), weight 1; prompt p1: scores 0.5, 0 -> one pair (2 > 3),
+    # weight 0.5^3 = 0.125. Across prompts (e.g. 0 vs 3) there is no pair. Probabilities 1/1.125, 0.125/1.125.
+    df = _with_prompt_groups(frame([("q", 0, 1.0, "ok"), ("q", 1, 0.0, "ok"), ("q", 2, 0.5, "ok"),
+                                    ("q", 3, 0.0, "ok")]), [None, None, "p1", "p1"])
+    usable, _ = C.scored_candidates(df)
+    cand = C.preference_pair_candidates(usable, power=3.0)
+    assert sorted(zip(cand["chosen_idx"], cand["rejected_idx"])) == [(0, 1), (2, 3)]
+    probs = dict(zip(zip(cand["chosen_idx"], cand["rejected_idx"]), cand["probability"]))
+    assert probs[(0, 1)] == pytest.approx(1 / 1.125) and probs[(2, 3)] == pytest.approx(0.125 / 1.125)

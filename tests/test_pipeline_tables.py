@@ -89,7 +89,8 @@ def test_execution_rows_and_curation_input():
     assert df["llm_calls"].to_list() == [2, 0, 0] and df["runs"].to_list() == [1, 0, 0]
     sampled = _sampled(n_q=1)
     cin = tables.curation_input(sampled, df)
-    assert cin.columns == ["iteration", "query_id", "sample_idx", "workflow", "score", "status"]
+    assert cin.columns == ["iteration", "query_id", "sample_idx", "workflow", "prompt_group", "score", "status"]
+    assert cin["prompt_group"].null_count() == cin.height  # one prompt per query: no prompt groups
     with pytest.raises(ValueError, match="no execution score"):
         tables.curation_input(sampled, df.head(2))
 

@@ -29,6 +29,10 @@ Choices where the specification is silent (each is documented again at its funct
 
 * Rows are keyed by (iteration, query_id, sample_idx); a duplicate key is an error. A query is
   (iteration, query_id): frames holding several iterations are curated per iteration.
+* A group compares completions of **one prompt**: with the optional column `prompt_group` (null = the query's
+  first prompt; W4S refinement turns give other prompts for the same query), near-duplicates, groups, pairs
+  and their std are formed per (iteration, query_id, prompt_group), never across prompts. A group of another
+  prompt than the first has group_id "<iteration>:<query_id>@<prompt_group>#<k>".
 * Scores must lie in [0, 1]. A missing (null/NaN) score counts as 0 for the failure statuses; it is an error
   for `ok` (a successful run must have been scored); it is ignored for `executor_error` (dropped anyway).
   The given score of a failure status is used as is (a reward ladder may give partial credit to, e.g.,
@@ -89,6 +93,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------------
 # Schemas
 # --------------------------------------------------------------------------------------------------------------
+
+#: Optional input column: which prompt of its query a row was sampled from (null: the first one).
+PROMPT_GROUP = "prompt_group"
 
 #: Columns every input row must have, with the dtype they are cast to.
 REQUIRED_COLUMNS: dict[str, pl.DataType] = {
@@ -214,7 +221,9 @@ def validate_samples(df: pl.DataFrame) -> pl.DataFrame:
             f"sampled-workflow frame lacks column(s) {missing}; required: {list(REQUIRED_COLUMNS)}"
         )
     try:
-        out = df.select([pl.col(c).cast(t, strict=True) for c, t in REQUIRED_COLUMNS.items()])
+        out = df.select([pl.col(c).cast(t, strict=True) for c, t in REQUIRED_COLUMNS.items()]
+                        + [pl.col(PROMPT_GROUP).cast(pl.String(), strict=True) if PROMPT_GROUP in df.columns
+                           else pl.lit(None, dtype=pl.String()).alias(PROMPT_GROUP)])
     except pl.exceptions.PolarsError as e:  # InvalidOperationError, ComputeError, ...
         raise ValueError(f"sampled-workflow frame has a column of the wrong type: {e}") from e
 
@@ -261,10 +270,18 @@ def validate_samples(df: pl.DataFrame) -> pl.DataFrame:
     return out.sort(["iteration", "query_id", "sample_idx"])
 
 
-def _by_query(df: pl.DataFrame) -> Iterable[tuple[tuple[int, str], list[dict[str, Any]]]]:
-    rows = df.sort(["iteration", "query_id", "sample_idx"]).iter_rows(named=True)
-    for key, grp in itertools.groupby(rows, key=lambda r: (r["iteration"], r["query_id"])):
+def _by_query(df: pl.DataFrame) -> Iterable[tuple[tuple[int, str, str | None], list[dict[str, Any]]]]:
+    """Rows per (iteration, query_id, prompt_group), in sample_idx order: the unit every comparison is made in
+    (a frame without `prompt_group` has one prompt per query)."""
+    if PROMPT_GROUP not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.String()).alias(PROMPT_GROUP))
+    rows = df.sort(["iteration", "query_id", PROMPT_GROUP, "sample_idx"], nulls_last=False).iter_rows(named=True)
+    for key, grp in itertools.groupby(rows, key=lambda r: (r["iteration"], r["query_id"], r[PROMPT_GROUP])):
         yield key, list(grp)
+
+
+def _group_prefix(it: int, qid: str, pg: str | None) -> str:
+    return f"{it}:{qid}" if pg is None else f"{it}:{qid}@{pg}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -366,7 +383,7 @@ def _token_similarity(ta: list[str], tb: list[str], threshold: float | None = No
 
 
 def filter_near_duplicates(df: pl.DataFrame, tau_sim: float) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Drop near-duplicate workflows within each query. Returns (kept rows, dropped rows with reason).
+    """Drop near-duplicate workflows within each query (and prompt group). Returns (kept rows, dropped rows with reason).
 
     Greedy in ascending sample_idx: a row is compared with the rows already kept for its query (lowest
     sample_idx first) and is dropped with reason "near_duplicate_of:<idx>" for the first kept row whose
@@ -378,7 +395,7 @@ def filter_near_duplicates(df: pl.DataFrame, tau_sim: float) -> tuple[pl.DataFra
         raise ValueError(f"tau_sim={tau_sim} must satisfy 0 < tau_sim <= 1")
     drop: list[dict[str, Any]] = []
     drop_keys: set[tuple[int, str, int]] = set()
-    for (it, qid), rows in _by_query(df):
+    for (it, qid, _pg), rows in _by_query(df):
         kept: list[tuple[int, list[str]]] = []
         for r in rows:
             toks = _tokens(normalize_code(r["workflow"]))
@@ -446,7 +463,8 @@ def _choose_groups(m: int, n: int, g_max: int, rng_seed: int) -> list[tuple[int,
 def form_groups(
     df: pl.DataFrame, n: int, g_max: int, seed: int = 0
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Groups of n workflows per query. Returns (groups, dropped groups).
+    """Groups of n workflows per query (per prompt group, see the module docstring). Returns (groups, dropped
+    groups).
 
     The m' usable rows of a query are ordered by sample_idx. When C(m', n) <= g_max every n-subset becomes a
     group (lexicographic order); otherwise g_max distinct subsets are drawn uniformly without replacement by
@@ -459,7 +477,7 @@ def form_groups(
         raise ValueError(f"n={n} and g_max={g_max} must be >= 1")
     groups: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
-    for (it, qid), rows in _by_query(df):
+    for (it, qid, pg), rows in _by_query(df):
         idxs = [r["sample_idx"] for r in rows]
         scores = [float(r["score"]) for r in rows]
         if len(rows) < n:
@@ -474,12 +492,13 @@ def form_groups(
                 }
             )
             continue
-        for k, combo in enumerate(_choose_groups(len(rows), n, g_max, _query_seed(seed, it, qid))):
+        rng_seed = _query_seed(seed, it, qid if pg is None else f"{qid}@{pg}")
+        for k, combo in enumerate(_choose_groups(len(rows), n, g_max, rng_seed)):
             groups.append(
                 {
                     "iteration": it,
                     "query_id": qid,
-                    "group_id": f"{it}:{qid}#{k}",
+                    "group_id": f"{_group_prefix(it, qid, pg)}#{k}",
                     "members": [idxs[j] for j in combo],
                     "scores": [scores[j] for j in combo],
                 }
@@ -781,7 +800,7 @@ def scored_candidates(samples: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
 
 
 def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataFrame:
-    """Every ScoreFlow candidate pair: per query, each pair of rows with different scores (chosen = higher
+    """Every ScoreFlow candidate pair: per query (and prompt group), each pair of rows with different scores (chosen = higher
     score; ties give no pair), with weight (s_w − s_l)^power and its probability weight / Σ weight over **all**
     candidate pairs of the frame (pooled over queries, as ScoreFlow's `np.random.choice` over its whole list).
     Enumerated in key order (iteration, query_id, then sample_idx pairs i < j), so independent of row order.
@@ -791,7 +810,7 @@ def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataF
     if power < 0:
         raise ValueError(f"power={power} must be >= 0")
     cand: list[dict[str, Any]] = []
-    for (it, qid), rows in _by_query(df):
+    for (it, qid, _pg), rows in _by_query(df):  # pairs never join completions of two prompts
         for a, b in itertools.combinations(rows, 2):
             sa, sb = float(a["score"]), float(b["score"])
             if sa == sb:

@@ -156,12 +156,29 @@ def execution_frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
     return _frame(list(rows), EXECUTION_SCHEMA).sort(["iteration", "query_id", "sample_idx"])
 
 
+def prompt_groups(sampled: pl.DataFrame) -> pl.Series:
+    """`core.curation`'s prompt_group of each sampled row: null for the prompt of its query's lowest sample_idx
+    (single-shot sampling: every row), else "p" + the first 10 hex digits of the prompt's sha256 (the prompts
+    of W4S refinement turns), so no group or pair mixes completions of two prompts."""
+    import hashlib
+
+    first = {}
+    for r in sampled.sort(["iteration", "query_id", "sample_idx"]).iter_rows(named=True):
+        first.setdefault((r["iteration"], r["query_id"]), r["prompt"])
+    out = [None if p == first[(it, q)] else "p" + hashlib.sha256((p or "").encode()).hexdigest()[:10]
+           for it, q, p in zip(sampled["iteration"].to_list(), sampled["query_id"].to_list(),
+                               sampled["prompt"].to_list())]
+    return pl.Series("prompt_group", out, dtype=pl.String())
+
+
 def curation_input(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
-    """The frame `core.curation` expects: one row per sampled workflow with its code, score and status.
+    """The frame `core.curation` expects: one row per sampled workflow with its code, score, status and prompt
+    group (`prompt_groups`).
 
     Every sampled row must have a score row (an inner join would silently lose rows)."""
     key = ["iteration", "query_id", "sample_idx"]
-    joined = sampled.select(key + ["workflow"]).join(scores.select(key + ["score", "status"]), on=key, how="left")
+    left = sampled.select(key + ["workflow"]).with_columns(prompt_groups(sampled))
+    joined = left.join(scores.select(key + ["score", "status"]), on=key, how="left")
     missing = joined.filter(pl.col("status").is_null())
     if missing.height:
         r = missing.row(0, named=True)
