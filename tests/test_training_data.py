@@ -146,7 +146,8 @@ def test_rwr_weights_by_hand():
 
 def test_rwr_training_data_uses_every_candidate_once():
     sampled, scores = _pipeline_frames()
-    examples, rows = tables.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
+    ocfg = ObjectiveConfig(objective="rwr", rwr_reward="score")  # the absolute ladder score as r
+    examples, rows = tables.rwr_training_data(sampled, scores, ocfg, iteration=0)
     keys = rows.select("query_id", "sample_idx").rows()
     assert keys == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]  # each usable candidate once, no groups
     assert len(set(keys)) == len(keys) == len(examples) == 5
@@ -155,6 +156,19 @@ def test_rwr_training_data_uses_every_candidate_once():
     assert [e.score for e in examples] == [1.0, 0.5, 0.0, 0.3, 0.3]
     assert [e.completion for e in examples] == ["completion a0", "completion a1", "completion a2",
                                                 "completion b0", "completion b1"]
+
+
+def test_rwr_default_is_the_w4s_reward():
+    # one turn: no history, so best so far = previous = 0. Answers a: 1, 0.5, 0 -> 1, 1, 0 - 0.1;
+    # b: 0.3, 0.3 -> 1, 1 (0.3 is not below 0.3). The executor error (a, 3) has no reward and trains not.
+    sampled, scores = _pipeline_frames()
+    examples, rows = tables.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
+    assert rows.select("query_id", "sample_idx").rows() == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
+    assert rows["score"].to_list() == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
+    assert [e.score for e in examples] == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
+    assert rows["weight"].to_list() == pytest.approx([math.exp(2.5)] * 2 + [math.exp(-0.25)] + [math.exp(2.5)] * 2)
+    with pytest.raises(Exception, match="rwr_reward"):
+        ObjectiveConfig(objective="rwr", rwr_reward="ladder")
 
 
 def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_path):

@@ -21,6 +21,7 @@ __all__ = [
 
 #: Every loss that `objectives.compute_loss` dispatches on.
 OBJECTIVE_NAMES: tuple[str, ...] = ("spogw", "grpo", "grpo_nokl", "score_dpo", "rwr")
+RWR_REWARDS: tuple[str, ...] = ("w4s", "score")
 
 
 class ConfigError(ValueError):
@@ -172,6 +173,9 @@ class ObjectiveConfig(_FromDict):
                  W4S weight exp(r / T); T = 0.4 (W4S default).
     rwr_normalize_weights
                  False (W4S): raw weights exp(r/T). True: divide by their batch mean (self-normalised RWR).
+    rwr_reward   the reward r of rwr: "w4s" (default, as W4S publishes it: history-relative, `core.w4s`: 1 for
+                 beating the best answer so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below
+                 accuracy 0.3) or "score" (the row's absolute ladder score).
     seed         seed of score_dpo's pair sampling (combined with the iteration in the pipeline).
 
     Log-probs: score_dpo and rwr compute π_θ and π_ref at T = 1, as ScoreFlow (TRL's DPO trainer) and W4S
@@ -187,6 +191,7 @@ class ObjectiveConfig(_FromDict):
     dpo_num_pairs: int | None = None
     rwr_temperature: float = 0.4
     rwr_normalize_weights: bool = False
+    rwr_reward: str = "w4s"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -223,6 +228,9 @@ class ObjectiveConfig(_FromDict):
             raise ConfigError(
                 f"{c}.rwr_temperature={self.rwr_temperature}: the weight exp(r/T) needs T > 0 (W4S uses 0.4)."
             )
+        if self.rwr_reward not in RWR_REWARDS:
+            raise ConfigError(f"{c}.rwr_reward={self.rwr_reward!r}: choose one of {list(RWR_REWARDS)} (\"w4s\": W4S's "
+                              "history-relative reward; \"score\": the absolute ladder score).")
         if not isinstance(self.rwr_normalize_weights, bool):
             raise ConfigError(f"{c}.rwr_normalize_weights must be True or False, got {self.rwr_normalize_weights!r}.")
 

@@ -282,6 +282,13 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
                                  f"remove it, or set generator.{name}")
         return data
 
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        d = handler(self)
+        if isinstance(d, dict) and d.get("rwr_reward") == "w4s":  # the default: older configs keep their hash
+            d.pop("rwr_reward")
+        return d
+
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
         return TrainConfig.from_dict({**self.model_dump(), "temperature": float(temperature), "dtype": dtype})
 
@@ -316,15 +323,19 @@ class ReportSection(_Section):
 
 
 class RefinementSection(_Section):
-    """W4S's multi-turn refinement. With turns = T > 1, sampled_workflows samples m workflows per query (turn 0),
-    then for each turn t = 1..T−1 runs every turn-(t−1) workflow on the first `feedback_queries` queries of the
-    validation split (never the training query itself, whose score is the reward) and asks the generator for a
-    revised workflow, showing it the workflow, each run's status and error and the mean score (one revision per
-    workflow: a chain per sample). Every turn is a row (turn, parent_sample_idx), executed and scored like any
-    other; W4S trains with RWR on the turn-level rewards (training.objective: rwr). turns = 1: single-shot."""
+    """W4S's multi-turn optimisation (`pipeline/refinement.py`). With turns = T > 1, sampled_workflows samples m
+    candidates per query (turn 0); a candidate that does not parse gets up to `repairs` repair attempts (W4S's
+    self-check); every candidate runs on the first `feedback_queries` queries of the validation split (never
+    the training query, whose answer is the reward); the best by validation accuracy advances the state, and
+    turn t samples m candidates from one prompt showing that workflow, its accuracy, up to `failure_cases`
+    failures and the change against the previous state. Every turn and repair is a row (turn, parent_sample_idx,
+    repair_of, feedback_accuracy), executed and scored like any other. W4S trains with RWR on its
+    history-relative reward (training.objective: rwr, `core/w4s.py`). turns = 1: single-shot."""
 
     turns: int = Field(1, ge=1, le=8)
     feedback_queries: int = Field(2, ge=1, le=32)
+    repairs: int = Field(3, ge=0, le=3)  # W4S's debug_max
+    failure_cases: int = Field(10, ge=0, le=32)  # W4S shows up to ~10
 
     @property
     def enabled(self) -> bool:

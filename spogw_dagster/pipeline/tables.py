@@ -37,7 +37,9 @@ SAMPLED_SCHEMA: dict[str, pl.DataType] = {
     "parent_adapter_sha256": pl.String(),
     "generator": pl.String(),
     "turn": pl.Int64(),  # W4S refinement turn (0: the first sample; see pipeline/refinement.py)
-    "parent_sample_idx": pl.Int64(),  # the turn-(t-1) workflow this one revises; null at turn 0
+    "parent_sample_idx": pl.Int64(),  # the turn-(t-1) state this one was sampled from; null at turn 0
+    "repair_of": pl.Int64(),  # a self-check repair: the unparsed candidate it rewrites; null otherwise
+    "feedback_accuracy": pl.Float64(),  # W4S: validation accuracy on the feedback queries; null if not run
 }
 
 
@@ -76,9 +78,11 @@ def sampled_frame(
     turn: int = 0,
     sample_idx: Sequence[Sequence[int]] | None = None,
     parent_sample_idx: Sequence[Sequence[int | None]] | None = None,
+    repair_of: Sequence[Sequence[int | None]] | None = None,
 ) -> pl.DataFrame:
-    """Rows of sampled_workflows. `sample_idx[i][j]` numbers sample j of query i (default j) and
-    `parent_sample_idx[i][j]` the workflow it revises (refinement turns > 0; default none)."""
+    """Rows of sampled_workflows. `sample_idx[i][j]` numbers sample j of query i (default j),
+    `parent_sample_idx[i][j]` the state it was sampled from (refinement turns > 0; default none) and
+    `repair_of[i][j]` the candidate it repairs (default none)."""
     if not (len(query_ids) == len(prompts) == len(samples)):
         raise ValueError("query_ids, prompts and samples must have the same length")
     rows: list[dict[str, Any]] = []
@@ -88,6 +92,7 @@ def sampled_frame(
             rows.append({
                 "iteration": iteration, "query_id": qid, "sample_idx": sample_idx[i][j] if sample_idx else j,
                 "turn": turn, "parent_sample_idx": parent_sample_idx[i][j] if parent_sample_idx else None,
+                "repair_of": repair_of[i][j] if repair_of else None,
                 "prompt": prompt[j] if isinstance(prompt, (list, tuple)) else prompt,
                 "completion": s.text, "workflow": code, "parse_status": status, "parse_error": err,
                 "finish_reason": s.finish_reason, "n_tokens": len(s.token_ids),
@@ -358,19 +363,41 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
 
 def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
                       iteration: int) -> tuple[list, pl.DataFrame]:
-    """W4S's data: every scored candidate once, in key order, with weight exp(r / `rwr_temperature`) (the loss
-    computes the same weight from the score)."""
-    from spogw_dagster.core.curation import rwr_candidates
+    """W4S's data: every scored candidate once (all turns and repairs), in key order, with reward r and weight
+    exp(r / `rwr_temperature`) (the loss computes the same weight from r). r is `w4s_rewards` (W4S's
+    history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
+    import math
 
     cands = scored_candidates(sampled, scores)
-    weights = rwr_candidates(cands, ocfg.rwr_temperature)
+    if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
+        reward = w4s_rewards(sampled, scores)
+        r_of = [reward[(r["query_id"], r["sample_idx"])] for r in cands.iter_rows(named=True)]
+    else:
+        r_of = [float(v) for v in cands["score"].to_list()]
     examples, rows = [], []
-    for r, w in zip(cands.iter_rows(named=True), weights["weight"].to_list()):
+    for r, rew in zip(cands.iter_rows(named=True), r_of):
+        w = math.exp(rew / ocfg.rwr_temperature)
         rows.append({"iteration": iteration, "objective": "rwr", "example_idx": len(examples),
                      "query_id": r["query_id"], "sample_idx": r["sample_idx"], "role": "candidate",
-                     "weight": w, "score": float(r["score"])})
-        examples.append(_example(r, group_id=r["query_id"]))
+                     "weight": w, "score": rew})
+        examples.append(_example({**r, "score": rew}, group_id=r["query_id"]))
     return examples, _frame(rows, TRAINING_ROWS_SCHEMA)
+
+
+def w4s_rewards(sampled: pl.DataFrame, scores: pl.DataFrame) -> dict[tuple[str, int], float]:
+    """(query_id, sample_idx) → W4S's reward (`core.w4s.history_rewards`) of every scored row: its answer score
+    against the best answer of earlier turns of its query and against the state it was sampled from
+    (`parent_sample_idx`). Executor errors have no accuracy: no reward, and left out of the history."""
+    from spogw_dagster.core.w4s import Candidate, history_rewards
+
+    cols = [c for c in ("turn", "parent_sample_idx") if c in sampled.columns]
+    j = sampled.select(_KEY + cols).join(scores.select(_KEY + ["answer_score", "status"]), on=_KEY, how="left")
+    cands = []
+    for r in j.iter_rows(named=True):
+        unscored = r["status"] is None or r["status"] == Status.EXECUTOR_ERROR.value
+        cands.append(Candidate(r["query_id"], int(r.get("turn") or 0), int(r["sample_idx"]), r.get("parent_sample_idx"),
+                               None if unscored else float(r["answer_score"] or 0.0)))
+    return {(x.candidate.query_id, x.candidate.sample_idx): x.reward for x in history_rewards(cands)}
 
 
 CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {

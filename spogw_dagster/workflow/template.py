@@ -197,15 +197,25 @@ def assemble_workflow(completion: str) -> str:
     return WORKFLOW_HEADER + "        " + completion
 
 
-def refinement_prompt(prompt: str, workflow: str, feedback: str) -> str:
-    """W4S's next turn: the turn's prompt up to the task line, then the previous workflow and its feedback as
-    comments, then the header again, so the generator writes the revised body (completion-style, as
-    `generator_prompt`). `prompt` is a `generator_prompt` (or an earlier `refinement_prompt`: only its first
-    part, up to and including the task line, is kept, so prompts do not grow with the turns)."""
+def _turn_prompt(prompt: str, workflow: str, title: str, notes: str, ask: str) -> str:
+    """The prompt of a later turn: `prompt` up to and including its task line (a `generator_prompt` or an
+    earlier turn's prompt: prompts do not grow with the turns), then `workflow` and `notes` as comments, then
+    the header again, so the generator writes the body (completion-style, as `generator_prompt`)."""
     head = prompt[: prompt.index("# Task: ")] if "# Task: " in prompt else prompt
     task_line = prompt[prompt.index("# Task: "):].split("\n", 1)[0] if "# Task: " in prompt else ""
-    previous = "\n".join("# | " + line for line in workflow.rstrip("\n").split("\n"))
-    notes = "\n".join("# " + line for line in feedback.strip().split("\n"))
-    return "\n".join([head.rstrip("\n"), "", task_line, "# Previous workflow:", previous,
-                      "# Feedback from running it on example tasks:", notes,
-                      "# Write an improved workflow for the task.", WORKFLOW_HEADER + "        "])
+    shown = "\n".join("# | " + line for line in workflow.rstrip("\n").split("\n"))
+    commented = "\n".join("# " + line for line in notes.strip().split("\n"))
+    return "\n".join([head.rstrip("\n"), "", task_line, "# Previous workflow:", shown, title, commented,
+                      ask, WORKFLOW_HEADER + "        "])
+
+
+def refinement_prompt(prompt: str, workflow: str, feedback: str) -> str:
+    """W4S's next turn: the state's workflow and the feedback of running it on example tasks."""
+    return _turn_prompt(prompt, workflow, "# Feedback from running it on example tasks:", feedback,
+                        "# Write an improved workflow for the task.")
+
+
+def repair_prompt(prompt: str, workflow: str, error: str) -> str:
+    """W4S's self-check: a workflow the validator rejected, its error, and the request to write it again."""
+    return _turn_prompt(prompt, workflow, "# The validator rejected it:", error,
+                        "# Write the workflow again, with that fixed.")

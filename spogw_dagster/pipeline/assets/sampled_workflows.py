@@ -87,31 +87,98 @@ def _copies(df: pl.DataFrame, family: str) -> dict[str, Any]:
 
 
 def _refine(context, pipeline: PipelineResource, cfg, k: int, parent, family: str, first: pl.DataFrame) -> pl.DataFrame:
-    """Turns 1..T−1: each workflow of the last turn runs on the feedback queries, and the generator (π_{k-1}
-    again) writes one revision of it from the workflow and its feedback. Rows of turn t: sample_idx t·m + j."""
+    """W4S's turns (`pipeline/refinement.py`): self-check each turn's candidates, run them on the feedback
+    queries, advance each query's state with its best candidate and sample the next turn's m candidates from
+    one prompt showing the state and its feedback. Returns every candidate and repair of every turn."""
+    from spogw_dagster.core.w4s import pick_state
     from spogw_dagster.workflow.template import refinement_prompt
 
-    from ..heldout import sample_prompts
-    from ..refinement import feedback_problems, run_feedback
+    from ..refinement import accuracy, feedback_problems, feedback_text, run_feedback
 
+    rc, m = cfg.refinement, cfg.curation.m
     fb_problems = feedback_problems(cfg)
-    m = cfg.curation.m
-    turns, last = [first], first.sort(["query_id", "sample_idx"])
-    for t in range(1, cfg.refinement.turns):
-        rows = last.to_dicts()
-        say(context, f"turn {t}: running {len(rows)} workflows on {len(fb_problems)} validation queries for feedback")
-        feedback = run_feedback(pipeline, [(r["workflow"] if r["parse_status"] == "ok" else None, r["parse_status"],
-                                            r["parse_error"] or "") for r in rows], fb_problems, cfg,
-                                seed=derive_seed(cfg.execution.seed, "feedback", k, t))
-        prompts = [refinement_prompt(r["prompt"], r["workflow"] or "", fb) for r, fb in zip(rows, feedback)]
-        samples, tps = sample_prompts(pipeline, parent.path if parent else None, prompts, n=1,
-                                      temperature=cfg.generator.temperature,
-                                      seed=derive_seed(cfg.generator.seed, "sample", k, "turn", t))
-        last = tables.sampled_frame(
-            k, [r["query_id"] for r in rows], prompts, samples, family,
-            parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,
-            generator=cfg.generator.model, turn=t,
-            sample_idx=[[t * m + r["sample_idx"] % m] for r in rows], parent_sample_idx=[[r["sample_idx"]] for r in rows])
-        turns.append(last)
-        say(context, f"turn {t}: {dict(Counter(last['parse_status'].to_list()))}, {tps:.1f} tokens/s")
-    return pl.concat(turns).sort(["query_id", "sample_idx"])
+    base_prompt = {r["query_id"]: r["prompt"] for r in first.iter_rows(named=True)}
+    sample = _turn_sampler(pipeline, cfg, k, parent, family)
+    next_repair = {q: rc.turns * m for q in base_prompt}  # repairs are numbered after every turn's candidates
+    frames, state_acc, cur = [], {}, first
+    for t in range(rc.turns):
+        cur, effective = _self_check(context, sample, cur, t, rc.repairs, next_repair)
+        if t == rc.turns - 1:
+            frames.append(cur)
+            break
+        say(context, f"turn {t}: running {len(effective)} candidates on {len(fb_problems)} validation queries")
+        runs = run_feedback(pipeline, [(r["workflow"] if r["parse_status"] == "ok" else None, r["parse_status"],
+                                        r["parse_error"] or "") for r in effective], fb_problems, cfg,
+                            seed=derive_seed(cfg.execution.seed, "feedback", k, t))
+        acc = {(r["query_id"], r["sample_idx"]): accuracy(ru) for r, ru in zip(effective, runs)}
+        accf = pl.DataFrame({"query_id": [q for q, _ in acc], "sample_idx": [i for _, i in acc],
+                             "feedback_accuracy": list(acc.values())},
+                            schema={"query_id": pl.String(), "sample_idx": pl.Int64(), "feedback_accuracy": pl.Float64()})
+        frames.append(cur.drop("feedback_accuracy").join(accf, on=["query_id", "sample_idx"], how="left")
+                      .select(list(tables.SAMPLED_SCHEMA)))
+        prompts, parents = [], []
+        for q in base_prompt:
+            mine = [(i, r) for i, r in enumerate(effective) if r["query_id"] == q]
+            best = pick_state([(r["sample_idx"], acc[(q, r["sample_idx"])]) for _, r in mine])
+            i, r = next((i, r) for i, r in mine if r["sample_idx"] == best)
+            prompts.append(refinement_prompt(base_prompt[q], r["workflow"] or "",
+                                             feedback_text(runs[i], previous=state_acc.get(q),
+                                                           max_cases=rc.failure_cases)))
+            parents.append(best)
+            state_acc[q] = acc[(q, best)]
+        say(context, f"turn {t}: states advanced, mean validation accuracy of the states "
+                     f"{sum(state_acc.values()) / max(1, len(state_acc)):.2f}")
+        cur = sample(list(base_prompt), prompts, m, t + 1, [[(t + 1) * m + j for j in range(m)] for _ in prompts],
+                     [[p] * m for p in parents], None, ("turn", t + 1))
+    return pl.concat(frames, how="vertical").sort(["query_id", "sample_idx"])
+
+
+def _turn_sampler(pipeline: PipelineResource, cfg, k: int, parent, family: str):
+    """sample(query_ids, prompts, n, turn, sample_idx, parent_sample_idx, repair_of, seed_tag) -> rows."""
+    from ..heldout import sample_prompts
+
+    def sample(qids, prompts, n, turn, idx, parents, repairs, tag) -> pl.DataFrame:
+        samples, _ = sample_prompts(pipeline, parent.path if parent else None, prompts, n=n,
+                                    temperature=cfg.generator.temperature,
+                                    seed=derive_seed(cfg.generator.seed, "sample", k, *tag))
+        return tables.sampled_frame(
+            k, qids, prompts, samples, family, parent_iteration=parent.iteration if parent else None,
+            parent_sha256=parent.sha256 if parent else None, generator=cfg.generator.model, turn=turn,
+            sample_idx=idx, parent_sample_idx=parents, repair_of=repairs)
+
+    return sample
+
+
+def _self_check(context, sample, cur: pl.DataFrame, t: int, repairs: int, next_repair: dict[str, int]):
+    """W4S's self-check: up to `repairs` attempts to rewrite each unparsed candidate from its validator error.
+    Returns (the turn's rows with the repair rows, the effective candidate of each slot: the candidate, or its
+    last repair)."""
+    from spogw_dagster.workflow.template import repair_prompt
+
+    rows = cur.sort(["query_id", "sample_idx"]).to_dicts()
+    effective = {(r["query_id"], r["sample_idx"]): r for r in rows}
+    pending = [(r, r) for r in rows if r["parse_status"] != "ok"]  # (candidate, its latest attempt)
+    frames = [cur]
+    for attempt in range(repairs):
+        if not pending:
+            break
+        idx = []
+        for cand, _ in pending:
+            idx.append([next_repair[cand["query_id"]]])
+            next_repair[cand["query_id"]] += 1
+        fr = sample([c["query_id"] for c, _ in pending],
+                    [repair_prompt(last["prompt"], last["workflow"] or "", last["parse_error"] or "")
+                     for _, last in pending], 1, t, idx, [[c["parent_sample_idx"]] for c, _ in pending],
+                    [[c["sample_idx"]] for c, _ in pending], ("repair", t, attempt))
+        frames.append(fr)
+        by_idx = {(r["query_id"], r["sample_idx"]): r for r in fr.to_dicts()}
+        nxt = []
+        for (cand, _), i in zip(pending, idx):
+            new = by_idx[(cand["query_id"], i[0])]
+            effective[(cand["query_id"], cand["sample_idx"])] = new
+            if new["parse_status"] != "ok":
+                nxt.append((cand, new))
+        say(context, f"turn {t}: repair attempt {attempt + 1}: {len(pending) - len(nxt)} of {len(pending)} "
+                     "rejected candidates now parse")
+        pending = nxt
+    return pl.concat(frames, how="vertical"), list(effective.values())

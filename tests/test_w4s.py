@@ -1,0 +1,59 @@
+"""W4S's history-relative reward and state advance (core/w4s.py), by hand from the rule W4S publishes: 1 for
+beating the best accuracy so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below 0.3."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spogw_dagster.core.w4s import Candidate, history_rewards, pick_state, w4s_reward
+
+
+def test_reward_rule_by_hand():
+    assert w4s_reward(0.9, best_so_far=0.8, previous=0.5) == 1.0
+    assert w4s_reward(0.6, best_so_far=0.8, previous=0.5) == 0.5
+    assert w4s_reward(0.4, best_so_far=0.8, previous=0.5) == 0.0
+    assert w4s_reward(0.2, best_so_far=0.1, previous=0.3) == pytest.approx(0.9)  # beats the best, but < 0.3
+    assert w4s_reward(0.0, best_so_far=0.0, previous=0.0) == pytest.approx(-0.1)
+    assert w4s_reward(0.3, best_so_far=0.3, previous=0.3) == 0.0  # equal is no improvement; 0.3 is not < 0.3
+
+
+def test_history_of_one_query_by_hand():
+    # turn 0 (no history: best = previous = 0): 0 -> 0.5 earns 1, 1 -> 0.25 earns 1 - 0.1.
+    # turn 1 from state 0 (0.5): best so far 0.5; 2 -> 0.75 beats it (1), 3 -> 0.4 beats neither (0).
+    # turn 2 from state 3 (0.4, picked by validation accuracy, not by answer): best so far 0.75;
+    #   4 -> 0.6 beats only the state (0.5), 5 -> 0.1 neither, and is below 0.3 (-0.1).
+    cands = [Candidate("q", 0, 0, None, 0.5), Candidate("q", 0, 1, None, 0.25),
+             Candidate("q", 1, 2, 0, 0.75), Candidate("q", 1, 3, 0, 0.4),
+             Candidate("q", 2, 4, 3, 0.6), Candidate("q", 2, 5, 3, 0.1)]
+    got = history_rewards(reversed(cands))  # input order does not matter
+    assert [(r.candidate.sample_idx, r.best_so_far, r.previous) for r in got] == [
+        (0, 0.0, 0.0), (1, 0.0, 0.0), (2, 0.5, 0.5), (3, 0.5, 0.5), (4, 0.75, 0.4), (5, 0.75, 0.4)]
+    assert [r.reward for r in got] == pytest.approx([1.0, 0.9, 1.0, 0.0, 0.5, -0.1])
+
+
+def test_queries_have_separate_histories_and_unscored_rows_are_skipped():
+    cands = [Candidate("a", 0, 0, None, 1.0), Candidate("b", 0, 0, None, 0.0),
+             Candidate("b", 0, 1, None, None),  # an executor error: no reward, not in the history
+             Candidate("b", 1, 2, 1, 0.5)]  # its state was unscored: previous counts as 0
+    got = {(r.candidate.query_id, r.candidate.sample_idx): r for r in history_rewards(cands)}
+    assert set(got) == {("a", 0), ("b", 0), ("b", 2)}
+    assert got[("a", 0)].reward == 1.0 and got[("b", 0)].reward == pytest.approx(-0.1)
+    # b's best so far is 0 (a's 1.0 is another query's), previous 0: 0.5 beats both
+    assert (got[("b", 2)].best_so_far, got[("b", 2)].previous, got[("b", 2)].reward) == (0.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="names parent 7"):
+        history_rewards([Candidate("a", 0, 0, None, 1.0), Candidate("a", 1, 1, 7, 1.0)])
+
+
+def test_state_advances_with_the_best_validation_accuracy_lowest_index_on_ties():
+    assert pick_state([(3, 0.5), (1, 0.5), (2, 0.2)]) == 1
+    assert pick_state([(3, 0.5), (1, 0.25), (2, 0.75)]) == 2
+    with pytest.raises(ValueError):
+        pick_state([])
+
+
+def test_rwr_weight_of_the_w4s_reward():
+    # the trainer weighs a row exp(r / 0.4): W4S's rewards 1, 0.5, 0, -0.1 give e^2.5, e^1.25, 1, e^-0.25
+    assert [math.exp(r / 0.4) for r in (1.0, 0.5, 0.0, -0.1)] == pytest.approx(
+        [12.182494, 3.490343, 1.0, 0.778801], abs=1e-6)
