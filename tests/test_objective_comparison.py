@@ -47,7 +47,7 @@ def test_comparison_settings_do_not_change_the_loops_config_hash():
 def _rows(system: str, kind: str, valid: list[int], reward: list[float]) -> list[dict]:
     return [{"iteration": 1, "split": "test", "system": system, "kind": kind, "mode": "greedy", "greedy": True,
              "query_id": f"q{i}", "sample_idx": 0, "seed": 7, "exec_seed": 11, "status": "ok" if v else "invalid",
-             "valid": bool(v), "executes": bool(v), "trivial": False, "reward": r, "answer_score": 0.0,
+             "valid": bool(v), "executes": bool(v), "trivial": False, "near_copy": False, "reward": r, "answer_score": 0.0,
              "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 10, "completion_tokens": 5}
             for i, (v, r) in enumerate(zip(valid, reward))]
 
@@ -79,3 +79,42 @@ def test_table_values_and_paired_differences_to_the_reference():
     assert row("grpo", "valid_rate")["n_examples"] == 6 and row("spogw", "valid_rate")["n_examples"] == 4
     assert set(t["rows_sha256"].to_list()) == {"R"} and set(t["parent_adapter_sha256"].to_list()) == {"P"}
     assert set(t["kind"].to_list()) == {"method"}
+
+
+def test_holm_columns_over_the_table_family():
+    # grpo beats spogw on 6 of 8 queries for valid and by 0.4 there in reward; rwr equals spogw everywhere
+    # (every paired difference 0: bootstrap p = 1). The family is every (method, mode, metric) difference.
+    sp_v, sp_r = [0, 0, 0, 0, 0, 0, 1, 1], [.1, .1, .1, .1, .1, .1, .5, .5]
+    heldout = tables.heldout_frame(_rows("spogw", "method", sp_v, sp_r)
+                                   + _rows("grpo", "method", [1, 1, 1, 1, 1, 1, 1, 1], [.5] * 8)
+                                   + _rows("rwr", "method", sp_v, sp_r))
+    t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6), _run("rwr", 4)], reference="spogw",
+                         iteration=1, rows_sha256="R", parent_sha256="P", config_hash="C", split_ids_sha256="S",
+                         resamples=400, seed=0)
+    fam = t.filter(pl.col("p_value").is_not_null())
+    metrics = len(tables.RATE_METRICS) + len(tables.MEAN_METRICS)
+    assert fam.height == 2 * metrics and set(fam["family_size"].to_list()) == {2 * metrics}  # grpo and rwr
+    assert t.filter(pl.col("method") == "spogw")["p_value"].null_count() == t.filter(pl.col("method") == "spogw").height
+    rwr = fam.filter(pl.col("method") == "rwr")
+    assert set(rwr["p_value"].to_list()) == {1.0} and set(rwr["p_holm"].to_list()) == {1.0}
+    g = fam.filter((pl.col("method") == "grpo") & (pl.col("metric") == "valid_rate")).row(0, named=True)
+    # differences (1,1,1,1,1,1,0,0): no resample of 8 queries has mean <= 0 unless it draws only the last two,
+    # (2/8)^8 ~ 1.5e-5: p = 0 at 400 resamples, and Holm keeps it 0
+    assert g["p_value"] == 0.0 and g["p_holm"] == 0.0
+    assert g["holm_ci_low"] > 0 and g["holm_level"] >= 0.95
+    # the Holm interval is never narrower than the 95% one
+    assert all(r["holm_ci_low"] <= r["diff_ci_low"] + 1e-12 and r["holm_ci_high"] >= r["diff_ci_high"] - 1e-12
+               for r in fam.iter_rows(named=True))
+
+
+def test_holm_by_hand():
+    from spogw_dagster.core import stats
+
+    # sorted 0.01, 0.03, 0.04 (m = 3): 3 * 0.01 = 0.03; max(0.03, 2 * 0.03) = 0.06; max(0.06, 1 * 0.04) = 0.06
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1 (2 * 0.5), monotone
+    # levels 1 - 0.05/3, 1 - 0.05/1, 1 - 0.05/2 by rank of p
+    assert stats.holm_levels([0.01, 0.04, 0.03]) == pytest.approx([1 - 0.05 / 3, 0.95, 1 - 0.05 / 2])
+    # bootstrap p: all differences 0 -> 1; all positive -> 0
+    assert stats.paired_bootstrap_p([[1.0], [1.0]], [[1.0], [1.0]]) == 1.0
+    assert stats.paired_bootstrap_p([[1.0], [1.0], [1.0]], [[0.0], [0.0], [0.0]]) == 0.0

@@ -82,6 +82,13 @@ def _resample_index(n_clusters: int, resamples: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_clusters, size=(resamples, n_clusters))
 
 
+def _boot_means(cs: list[np.ndarray], resamples: int, seed: int) -> np.ndarray:
+    sums = np.array([c.sum() for c in cs])
+    sizes = np.array([c.size for c in cs], dtype=float)
+    idx = _resample_index(len(cs), resamples, seed)
+    return sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+
+
 def cluster_bootstrap_mean(clusters: Sequence[Sequence[float]], *, resamples: int = DEFAULT_RESAMPLES,
                            seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
     """(mean over all samples, percentile low, percentile high), resampling clusters (queries)."""
@@ -93,12 +100,60 @@ def cluster_bootstrap_mean(clusters: Sequence[Sequence[float]], *, resamples: in
     mean = float(sums.sum() / sizes.sum())
     if resamples < 1:
         raise ValueError("resamples must be >= 1")
-    idx = _resample_index(len(cs), resamples, seed)
-    boot = sums[idx].sum(axis=1) / sizes[idx].sum(axis=1)
+    boot = _boot_means(cs, resamples, seed)
     a = (1 - level) / 2
     lo, hi = np.quantile(boot, [a, 1 - a])
     # float rounding must not put the point estimate outside a zero-width interval
     return (mean, float(min(lo, mean)), float(max(hi, mean)))
+
+
+def _paired_diffs(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> list[np.ndarray]:
+    if len(a) != len(b):
+        raise ValueError(f"paired systems need the same queries: {len(a)} vs {len(b)}")
+    diffs = []
+    for q, (x, y) in enumerate(zip(a, b)):
+        if len(x) != len(y):
+            raise ValueError(f"query {q}: {len(x)} samples vs {len(y)}; pairs need the same seeds")
+        diffs.append(np.asarray(list(x), dtype=float) - np.asarray(list(y), dtype=float))
+    return diffs
+
+
+def paired_bootstrap_p(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *,
+                       resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> float:
+    """Two-sided bootstrap p-value of "mean(a − b) = 0": twice the smaller share of resampled mean differences
+    on either side of 0 (each side counting 0 itself), at most 1. Resamples queries with the same draws as
+    `paired_bootstrap_diff`, so the p-value and the interval agree (p < 1 − level when 0 is outside it)."""
+    cs = _clusters(_paired_diffs(a, b))
+    if not cs:
+        return 1.0
+    boot = _boot_means(cs, resamples, seed)
+    return float(min(1.0, 2 * min(np.mean(boot <= 0), np.mean(boot >= 0))))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control over the whole family), in input order:
+    sorted ascending, p_(i) becomes max_{j <= i} min(1, (m − j + 1) · p_(j)). E.g. (0.01, 0.04, 0.03) →
+    (0.03, 0.06, 0.06)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i], i))
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
+
+
+def holm_levels(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
+    """The confidence level of each hypothesis' interval under Holm: the one ranked r-th smallest p (from 1)
+    gets 1 − α/(m − r + 1), so an interval excludes 0 exactly where Holm rejects, up to its first acceptance
+    (after it, Holm accepts everything; those intervals keep their step's level)."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i], i))
+    out = [0.0] * m
+    for rank, i in enumerate(order):
+        out[i] = 1 - alpha / (m - rank)
+    return out
 
 
 def paired_bootstrap_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], *,
@@ -108,11 +163,4 @@ def paired_bootstrap_diff(a: Sequence[Sequence[float]], b: Sequence[Sequence[flo
 
     `a[q][j]` and `b[q][j]` are sample j of query q under the same seed for the two systems; queries must
     line up and have equally many samples in both."""
-    if len(a) != len(b):
-        raise ValueError(f"paired systems need the same queries: {len(a)} vs {len(b)}")
-    diffs = []
-    for q, (x, y) in enumerate(zip(a, b)):
-        if len(x) != len(y):
-            raise ValueError(f"query {q}: {len(x)} samples vs {len(y)}; pairs need the same seeds")
-        diffs.append(np.asarray(list(x), dtype=float) - np.asarray(list(y), dtype=float))
-    return cluster_bootstrap_mean(diffs, resamples=resamples, seed=seed, level=level)
+    return cluster_bootstrap_mean(_paired_diffs(a, b), resamples=resamples, seed=seed, level=level)

@@ -12,6 +12,7 @@ path: sharpened groups, ScoreFlow pairs or W4S candidates)."""
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,22 +195,69 @@ def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference:
                         schema={"system": pl.String(), "objective": pl.String(), "n_examples": pl.Int64(),
                                 "examples_sha256": pl.String(), "seed": pl.Int64(), "train_seconds": pl.Float64(),
                                 "reused": pl.String()})
-    return (rep.rename({"system": "method", "diff_vs_prev": "diff_vs_reference"})
-            .join(info.rename({"system": "method"}), on="method", how="left")
-            .with_columns(*[pl.when(pl.col("kind") == "baseline").then(None).otherwise(pl.lit(v)).alias(c)
-                            for c, v in (("rows_sha256", rows_sha256), ("parent_adapter_sha256", parent_sha256))]))
+    out = (rep.rename({"system": "method", "diff_vs_prev": "diff_vs_reference"})
+           .join(info.rename({"system": "method"}), on="method", how="left")
+           .with_columns(*[pl.when(pl.col("kind") == "baseline").then(None).otherwise(pl.lit(v)).alias(c)
+                           for c, v in (("rows_sha256", rows_sha256), ("parent_adapter_sha256", parent_sha256))]))
+    return with_holm(out, labelled, reference=reference, resamples=resamples, seed=seed)
+
+
+HOLM_COLUMNS = {"p_value": pl.Float64(), "p_holm": pl.Float64(), "holm_level": pl.Float64(),
+                "holm_ci_low": pl.Float64(), "holm_ci_high": pl.Float64(), "family_size": pl.Int64()}
+
+
+def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, resamples: int, seed: int,
+              alpha: float = 0.05) -> pl.DataFrame:
+    """Family-wise error control over every paired difference of the table (all methods, modes and metrics
+    at once: one family): each difference's two-sided paired-bootstrap p-value, its Holm-adjusted p-value,
+    and its interval at Holm's level for its rank (`core.stats.holm_levels`), with the same resamples as the
+    95% interval. A difference is significant under Holm when p_holm < 0.05, i.e. its Holm interval leaves 0
+    out. `heldout`: the held-out rows with the reference labelled kind "previous"."""
+    from spogw_dagster.contracts import Status
+    from spogw_dagster.core import stats
+
+    scored = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
+    cols = {**tables.RATE_METRICS, **tables.MEAN_METRICS}
+    rows = table.with_row_index("_i")
+    family = rows.filter(pl.col("diff_vs_reference").is_not_null() & pl.col("metric").is_in(list(cols)))
+    members, pairs, ps = [], [], []
+    for r in family.iter_rows(named=True):
+        mine = scored.filter((pl.col("system") == r["method"]) & (pl.col("mode") == r["mode"]))
+        ref = scored.filter((pl.col("system") == reference) & (pl.col("mode") == r["mode"]))
+        a, b = tables._paired(mine, ref, cols[r["metric"]])
+        if not all(v is not None and math.isfinite(v) for x in (*a, *b) for v in x):
+            continue  # a metric some rows lack (older partitions): no difference, not in the family
+        members.append(r)
+        pairs.append((a, b))
+        ps.append(stats.paired_bootstrap_p(a, b, resamples=resamples, seed=seed))
+    adj, levels = stats.holm(ps), stats.holm_levels(ps, alpha)
+    add: dict[str, list] = {c: [None] * table.height for c in HOLM_COLUMNS}
+    for r, (a, b), p, q, lv in zip(members, pairs, ps, adj, levels):
+        _, lo, hi = stats.paired_bootstrap_diff(a, b, resamples=resamples, seed=seed, level=lv)
+        for c, v in (("p_value", p), ("p_holm", q), ("holm_level", lv), ("holm_ci_low", lo), ("holm_ci_high", hi),
+                     ("family_size", len(ps))):
+            add[c][r["_i"]] = v
+    return table.with_columns(*[pl.Series(c, add[c], dtype=t) for c, t in HOLM_COLUMNS.items()])
 
 
 def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
     from ..plots import method_bars
 
     main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
-    lines = ["| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] |", "|---|---|---|---|---|"]
+    fam = table["family_size"].max() if "family_size" in table.columns else None
+    lines = [f"Holm: family-wise error 0.05 over all {fam or 0} paired differences of the table; the Holm interval is at "
+             "the level of the difference's rank, p_holm its adjusted p-value.", "",
+             "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p_holm |",
+             "|---|---|---|---|---|---|---|"]
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
-        diff = "" if r["diff_vs_reference"] is None else \
-            f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+        diff, holm_ci, p = "", "", ""
+        if r["diff_vs_reference"] is not None:
+            diff = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+            if r.get("p_holm") is not None:
+                holm_ci = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
+                p = f"{r['p_holm']:.3f}"
         lines.append(f"| {r['method']} | {r['mode']} | {r['metric']} | {r['value']:.3f} "
-                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {diff} |")
+                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {diff} | {holm_ci} | {p} |")
     return {
         "comparison": dg.MetadataValue.md("\n".join(lines)),
         "plot": dg.MetadataValue.md(method_bars(table, reference)),
