@@ -118,3 +118,15 @@ def test_holm_by_hand():
     # bootstrap p: all differences 0 -> 1; all positive -> 0
     assert stats.paired_bootstrap_p([[1.0], [1.0]], [[1.0], [1.0]]) == 1.0
     assert stats.paired_bootstrap_p([[1.0], [1.0], [1.0]], [[0.0], [0.0], [0.0]]) == 0.0
+
+
+def test_methods_are_scored_on_validation_unless_told():
+    from spogw_dagster.pipeline.assets.objective_comparison import scoring_config
+
+    cfg = load_config("ci")
+    assert cfg.comparison.split == "validation" and cfg.report.split == "test"
+    assert scoring_config(cfg).report.split == "validation" and scoring_config(cfg).hash != cfg.hash
+    same = load_config("ci", overrides={"comparison": {"split": "test"}})
+    assert scoring_config(same) is same  # the report's own split: its rows can be reused
+    with pytest.raises(Exception, match="comparison.split"):
+        load_config("ci", overrides={"comparison": {"split": "train"}})

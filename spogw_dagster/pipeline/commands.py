@@ -90,7 +90,9 @@ def add_pipeline_commands(sub) -> None:
                           "spogw_beta0,spogw_ref_previous,spogw_no_screening,spogw_no_sharpening")
     add_config_source(cmp, prefix="with --iteration: ")
     cmp.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
-    cmp.add_argument("--split", default=None, help="only rows of this split (test or validation)")
+    cmp.add_argument("--split", default=None, choices=("test", "validation"),
+                     help="A B: only rows of this split; with --iteration: the split the methods are scored on "
+                          "(default comparison.split, validation; test once, for the final table)")
     cmp.add_argument("--resamples", type=int, default=2000)
     cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
     from .plan import add_plan_parser
@@ -259,20 +261,26 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     from .loop import run_comparison
 
     objectives = [o.strip() for o in args.objectives.split(",") if o.strip()] if args.objectives else None
-    table = run_comparison(args.profile, args.config, args.iteration, objectives, args.assets_dir)
+    table = run_comparison(args.profile, args.config, args.iteration, objectives, args.assets_dir, split=args.split)
     if args.json:
         print(_json.dumps(table.to_dicts(), indent=1, default=str))
         return 0
     ref = table["reference"][0]
-    main = table.filter(pl.col("metric").is_in(["valid_rate", "executes_rate", "mean_reward", "answer_score"]))
-    print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds); Δ: paired "
-          f"difference to {ref}, 95% paired bootstrap over queries")
-    print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}")
+    main = table.filter(pl.col("metric").is_in(["answer_score", "valid_rate", "executes_rate", "mean_reward"]))
+    fam = table["family_size"].max() if "family_size" in table.columns else 0
+    print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds), scored on "
+          f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries; Holm: "
+          f"family-wise error 0.05 over all {fam} paired differences (interval at the rank's level, adjusted p)")
+    print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}"
+          f"{'Holm CI':>20}{'p_holm':>8}")
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
         v = f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-        d = "" if r["diff_vs_reference"] is None else \
-            f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
-        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}")
+        d, h, p = "", "", ""
+        if r["diff_vs_reference"] is not None:
+            d = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+            if r.get("p_holm") is not None:
+                h, p = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]", f"{r['p_holm']:.3f}"
+        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}{h:>20}{p:>8}")
     return 0
 
 

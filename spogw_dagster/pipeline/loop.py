@@ -607,16 +607,19 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
 
 
 def run_comparison(profile: str | None, config_file: str | None, iteration: int, objectives: list[str] | None,
-                   assets_dir: str | os.PathLike[str] | None = None, out: TextIO = sys.stdout, instance=None):
+                   assets_dir: str | os.PathLike[str] | None = None, out: TextIO = sys.stdout, instance=None,
+                   split: str | None = None):
     """Materialize objective_comparison for one iteration (its report must exist) against the persistent
-    instance, as `spogw run` would; returns the comparison frame. `objectives` overrides comparison.objectives."""
+    instance, as `spogw run` would; returns the comparison frame. `objectives` overrides comparison.objectives
+    and `split` comparison.split."""
     import dagster as dg
 
     from .partitions import iteration_key
     from .resources import check_benchmark_data
     from .settings import ConfigValidationError, load_config
 
-    cfg = load_config(profile, config_file, {"comparison": {"objectives": objectives}} if objectives else None)
+    over = {k: v for k, v in (("objectives", objectives), ("split", split)) if v}
+    cfg = load_config(profile, config_file, {"comparison": over} if over else None)
     check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     store = AssetStore(root)

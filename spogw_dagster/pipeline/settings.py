@@ -348,6 +348,8 @@ class ComparisonSection(_Section):
     queries (`core.methods` lists them; `spogw` is the reference of the paired differences)."""
 
     objectives: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
+    # choices between methods are made on validation; `test` once, for the final table (a report of its own)
+    split: Literal["test", "validation"] = "validation"
 
     @field_validator("objectives")
     @classmethod

@@ -72,8 +72,9 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     frames = (sampled_workflows, execution_scores, sharpened_groups)
     runs = [_train(context, cfg, name, frames, store, key, parent, lora_checkpoint.row(0, named=True))
             for name in cfg.comparison.objectives]
-    problems, split_info = heldout_problems(cfg)
-    heldout = _score(context, pipeline, cfg, runs, problems, store, key, benchmark_report)
+    scfg = scoring_config(cfg)
+    problems, split_info = heldout_problems(scfg)
+    heldout = _score(context, pipeline, scfg, runs, problems, store, key, benchmark_report)
     store.write_parquet(SIDE_TABLE, key, heldout)
     reference = "spogw" if "spogw" in cfg.comparison.objectives else cfg.comparison.objectives[0]
     table = comparison_frame(heldout, runs, reference=reference, iteration=k, rows_sha256=rows_sha,
@@ -81,8 +82,18 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
                              split_ids_sha256=split_info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
                              seed=cfg.report.seed)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(table, reference)})
-    say(context, f"{len(runs)} methods compared on {len(problems)} held-out queries, {time.monotonic() - t0:.1f} s")
+    say(context, f"{len(runs)} methods compared on {len(problems)} {scfg.report.split} queries, "
+                 f"{time.monotonic() - t0:.1f} s")
     return table
+
+
+def scoring_config(cfg: SpogwConfig) -> SpogwConfig:
+    """The config the methods are scored with: the report's, on `comparison.split` (validation by default, so
+    that choosing between methods never looks at the test split). On another split than the report's, none of
+    the report's held-out rows are reused (the config hash differs)."""
+    if cfg.comparison.split == cfg.report.split:
+        return cfg
+    return parse_config(deep_merge(cfg.canonical(), {"report": {"split": cfg.comparison.split}}))
 
 
 def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
