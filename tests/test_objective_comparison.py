@@ -16,7 +16,8 @@ def test_each_method_changes_only_its_fields():
     cfg = load_config("tiny")  # n = 5, t = 2, beta = 0.1, tau_std = 0.01, lr 5e-4
     spogw = method_config(cfg, "spogw")
     assert spogw == cfg
-    for name, field, want in [("grpo", "objective", "grpo"), ("rwr", "objective", "rwr"),
+    for name, field, want in [("grpo", "objective", "grpo"), ("rwr_ours", "objective", "rwr"),
+                              ("score_dpo_ours", "objective", "score_dpo"),
                               ("spogw_beta0.05", "beta", 0.05), ("spogw_beta0", "beta", 0.0),
                               ("spogw_ref_previous", "ref_mode", "previous")]:
         m = method_config(cfg, name)
@@ -24,6 +25,14 @@ def test_each_method_changes_only_its_fields():
         # everything else as the loop: same seed, learning rate, epochs, curation
         assert (m.training.seed, m.training.learning_rate, m.training.epochs) == (0, 5e-4, 2)
         assert m.curation == cfg.curation and m.generator == cfg.generator
+    # the baselines at their papers' settings: ScoreFlow lr 1e-6, 1 epoch, one pair (2 rows) per step;
+    # W4S lr 2e-5, 3 epochs, batch 8; all else (seed, curation, generator) is the loop's
+    sf, w4s = method_config(cfg, "score_dpo"), method_config(cfg, "rwr")
+    assert (sf.training.objective, sf.training.learning_rate, sf.training.epochs, sf.training.batch_size) == \
+        ("score_dpo", 1e-6, 1, 2)
+    assert (w4s.training.objective, w4s.training.learning_rate, w4s.training.epochs, w4s.training.batch_size) == \
+        ("rwr", 2e-5, 3, 8)
+    assert sf.training.seed == w4s.training.seed == 0 and sf.curation == w4s.curation == cfg.curation
     assert method_config(cfg, "spogw_no_screening").curation.tau_std == 0.0
     # sharpening off: t = n // 2 = 2 for n = 5 (tiny already has t = 2; with n = 14 it is 7)
     assert method_config(cfg, "spogw_no_sharpening").curation.t == 5 // 2

@@ -3,8 +3,15 @@ fields changed, so every method sees the same iteration's data, seeds and parent
 
     spogw               ioGRPO + mKL as configured (the reference every other method is compared with)
     grpo, grpo_nokl     plain GRPO with its KL on every row; without any KL
-    score_dpo           ScoreFlow: pairs over the full scored candidate set ∝ (s_w − s_l)^3, log-probs at T = 1
-    rwr                 W4S: every scored candidate once, weight exp(r / 0.4), log-probs at T = 1
+    score_dpo           ScoreFlow: pairs over the full scored candidate set ∝ (s_w − s_l)^3, log-probs at T = 1,
+                        at ScoreFlow's training settings (lr 1e-6, 1 epoch, one pair per step: DPOConfig's
+                        defaults, which its optimize.py keeps)
+    rwr                 W4S: every scored candidate once, weight exp(r / 0.4) with W4S's history-relative r,
+                        log-probs at T = 1, at W4S's settings (lr 2e-5 from its train.py; 3 epochs and batch 8:
+                        Hugging Face Trainer's defaults, which its train.py does not change)
+    score_dpo_ours,     the same data paths and losses at the loop's own training settings (learning rate,
+    rwr_ours            epochs, batch), to tell the data path's effect from the settings'
+
     spogw_beta{b}       SPOGW's ablation of β ∈ {0, 0.05, 0.1, 0.2}
     spogw_ref_previous  π_ref = π_{k-1} instead of the base model (the other π_ref of the ablation)
     spogw_ref_base      π_ref = the base model (the default: equals `spogw` unless the loop sets previous)
@@ -22,12 +29,22 @@ __all__ = ["METHODS", "method_overrides", "method_names"]
 
 _BETAS = {"0": 0.0, "0.05": 0.05, "0.1": 0.1, "0.2": 0.2}
 
+# Each baseline at its own paper's training settings. ScoreFlow trains with TRL's DPOConfig defaults (its
+# optimize.py sets none of these): lr 1e-6, 1 epoch, per-device batch 1 pair = 2 rows (chosen, rejected). W4S's
+# train.py sets lr 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8).
+PAPER_SETTINGS: dict[str, dict[str, Any]] = {
+    "score_dpo": {"learning_rate": 1e-6, "epochs": 1, "batch_size": 2},
+    "rwr": {"learning_rate": 2e-5, "epochs": 3, "batch_size": 8},
+}
+
 METHODS: dict[str, dict[str, dict[str, Any]]] = {
     "spogw": {},
     "grpo": {"training": {"objective": "grpo"}},
     "grpo_nokl": {"training": {"objective": "grpo_nokl"}},
-    "score_dpo": {"training": {"objective": "score_dpo"}},
-    "rwr": {"training": {"objective": "rwr"}},
+    "score_dpo": {"training": {"objective": "score_dpo", **PAPER_SETTINGS["score_dpo"]}},
+    "rwr": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}},
+    "score_dpo_ours": {"training": {"objective": "score_dpo"}},
+    "rwr_ours": {"training": {"objective": "rwr"}},
     **{f"spogw_beta{k}": {"training": {"objective": "spogw", "beta": v}} for k, v in _BETAS.items()},
     "spogw_ref_previous": {"training": {"objective": "spogw", "ref_mode": "previous"}},
     "spogw_ref_base": {"training": {"objective": "spogw", "ref_mode": "base"}},
