@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from spogw_dagster.core.methods import METHODS, method_overrides
+from spogw_dagster.core.methods import METHODS, method_overrides, own_data
 from spogw_dagster.pipeline import tables
 from spogw_dagster.pipeline.assets.objective_comparison import MethodRun, comparison_frame, method_config
 from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
@@ -33,6 +33,11 @@ def test_each_method_changes_only_its_fields():
     assert (w4s.training.objective, w4s.training.learning_rate, w4s.training.epochs, w4s.training.batch_size) == \
         ("rwr", 2e-5, 3, 8)
     assert sf.training.seed == w4s.training.seed == 0 and sf.curation == w4s.curation == cfg.curation
+    # ScoreFlow samples and scores its own data: generator T 0.2, top-p 0.95; mean of 3 executor runs at T 0
+    assert (sf.generator.temperature, sf.generator.top_p, sf.executor.temperature, sf.execution.runs) == \
+        (0.2, 0.95, 0.0, 3)
+    assert own_data("score_dpo") and not own_data("rwr") and not own_data("score_dpo_ours")
+    assert w4s.generator == cfg.generator and w4s.execution == cfg.execution
     assert method_config(cfg, "spogw_no_screening").curation.tau_std == 0.0
     # sharpening off: t = n // 2 = 2 for n = 5 (tiny already has t = 2; with n = 14 it is 7)
     assert method_config(cfg, "spogw_no_sharpening").curation.t == 5 // 2
@@ -63,7 +68,7 @@ def _rows(system: str, kind: str, valid: list[int], reward: list[float]) -> list
 
 def _run(method: str, n: int) -> MethodRun:
     return MethodRun(method=method, objective=method, adapter=None, adapter_sha256="x", n_examples=n,  # type: ignore[arg-type]
-                     examples_sha256=f"e-{method}", seed=0, train_seconds=1.0, reused="")
+                     examples_sha256=f"e-{method}", seed=0, train_seconds=1.0, reused="", rows_sha256="R")
 
 
 def test_table_values_and_paired_differences_to_the_reference():
@@ -71,7 +76,7 @@ def test_table_values_and_paired_differences_to_the_reference():
     heldout = tables.heldout_frame(_rows("spogw", "method", [1, 0, 0, 1], [.5, .1, .1, .5])
                                    + _rows("grpo", "method", [1, 1, 0, 1], [.5, .5, .1, .5]))
     t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6)], reference="spogw", iteration=1,
-                         rows_sha256="R", parent_sha256="P", config_hash="C", split_ids_sha256="S",
+                         parent_sha256="P", config_hash="C", split_ids_sha256="S",
                          resamples=200, seed=0)
 
     def row(method, metric):
@@ -98,7 +103,7 @@ def test_holm_columns_over_the_table_family():
                                    + _rows("grpo", "method", [1, 1, 1, 1, 1, 1, 1, 1], [.5] * 8)
                                    + _rows("rwr", "method", sp_v, sp_r))
     t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6), _run("rwr", 4)], reference="spogw",
-                         iteration=1, rows_sha256="R", parent_sha256="P", config_hash="C", split_ids_sha256="S",
+                         iteration=1, parent_sha256="P", config_hash="C", split_ids_sha256="S",
                          resamples=400, seed=0)
     fam = t.filter(pl.col("p_value").is_not_null())
     metrics = len(tables.RATE_METRICS) + len(tables.MEAN_METRICS)

@@ -330,16 +330,22 @@ def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeyp
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     store: AssetStore = loop["store"]
     # --split test: the report's split, so spogw's rows can be the report's (the default is validation)
-    assert main(["compare", "--iteration", "1", "--profile", "ci", "--objectives", "spogw,grpo,rwr",
+    assert main(["compare", "--iteration", "1", "--profile", "ci", "--objectives", "spogw,grpo,rwr,score_dpo",
                  "--split", "test", "--assets-dir", str(loop["assets"])]) == 0
     out = capsys.readouterr().out
     assert "paired difference to spogw" in out and "rwr" in out and "scored on test" in out and "Holm" in out
     t = store.read_parquet("objective_comparison", "0001")
     methods = t.filter(pl.col("kind") != "baseline")
-    assert sorted(methods["method"].unique().to_list()) == ["grpo", "rwr", "spogw"]
-    # identical inputs: one candidate-rows hash, one seed, one parent adapter (checkpoint 0)
+    assert sorted(methods["method"].unique().to_list()) == ["grpo", "rwr", "score_dpo", "spogw"]
+    # identical inputs: one candidate-rows hash, one seed, one parent adapter (checkpoint 0); ScoreFlow samples
+    # and scores its own candidates (T 0.2; mean of 3 executor runs at T 0), from the same parent and seeds
     ckpt0 = store.read_parquet("lora_checkpoint", "0000").row(0, named=True)
-    assert methods["rows_sha256"].n_unique() == 1 and methods["seed"].unique().to_list() == [0]
+    loop_data = methods.filter(pl.col("method") != "score_dpo")
+    assert loop_data["rows_sha256"].n_unique() == 1 and methods["seed"].unique().to_list() == [0]
+    assert methods.filter(pl.col("method") == "score_dpo")["rows_sha256"][0] != loop_data["rows_sha256"][0]
+    own = store.read_parquet("comparison_candidates", "0001")
+    assert set(own["method"].to_list()) == {"score_dpo"} and own.height == 8  # d x m
+    assert set(own.filter(pl.col("runs") > 0)["runs"].to_list()) <= {3}
     assert methods["parent_adapter_sha256"].unique().to_list() == [ckpt0["adapter_sha256"]]
     ex = {r["method"]: r for r in methods.filter(pl.col("metric") == "valid_rate").iter_rows(named=True)}
     # spogw is the loop's own checkpoint 1 (same config and data); grpo trains on the same sharpened rows;

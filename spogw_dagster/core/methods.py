@@ -18,14 +18,15 @@ fields changed, so every method sees the same iteration's data, seeds and parent
     spogw_no_screening  τ_std = 0: every group kept, also equal-score ones
     spogw_no_sharpening t = n/2 (n even; (n−1)/2 for odd n): a sharpened group is (nearly) the whole group
 
-Pure: a method is a mapping of overrides on the `curation:` and `training:` sections, nothing else.
+Pure: a method is a mapping of overrides on the `curation:` and `training:` sections and, for a method that
+samples and scores its own data (ScoreFlow), on `generator:`, `executor:` and `execution:` (`DATA_SECTIONS`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["METHODS", "method_overrides", "method_names"]
+__all__ = ["METHODS", "DATA_SECTIONS", "method_overrides", "method_names", "own_data"]
 
 _BETAS = {"0": 0.0, "0.05": 0.05, "0.1": 0.1, "0.2": 0.2}
 
@@ -41,7 +42,11 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
     "spogw": {},
     "grpo": {"training": {"objective": "grpo"}},
     "grpo_nokl": {"training": {"objective": "grpo_nokl"}},
-    "score_dpo": {"training": {"objective": "score_dpo", **PAPER_SETTINGS["score_dpo"]}},
+    # ScoreFlow also samples and scores its own way: generator T = 0.2, top-p 0.95; each workflow the mean of 3
+    # executor runs at T = 0. The comparison samples and scores a data set of its own for it (same parent, seeds)
+    "score_dpo": {"training": {"objective": "score_dpo", **PAPER_SETTINGS["score_dpo"]},
+                  "generator": {"temperature": 0.2, "top_p": 0.95},
+                  "executor": {"temperature": 0.0}, "execution": {"runs": 3}},
     "rwr": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}},
     "score_dpo_ours": {"training": {"objective": "score_dpo"}},
     "rwr_ours": {"training": {"objective": "rwr"}},
@@ -51,6 +56,15 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
     "spogw_no_screening": {"training": {"objective": "spogw"}, "curation": {"tau_std": 0.0}},
     "spogw_no_sharpening": {"training": {"objective": "spogw"}, "curation": {"t": None}},  # t = n // 2, below
 }
+
+
+# sections whose override means the method needs its own sampled and scored data for the iteration
+DATA_SECTIONS = ("generator", "executor", "execution")
+
+
+def own_data(name: str) -> bool:
+    """Whether method `name` samples and scores its own training data (instead of the loop's)."""
+    return any(s in METHODS[name] for s in DATA_SECTIONS)
 
 
 def method_names() -> list[str]:

@@ -40,7 +40,7 @@ ASSET_NAMES = (
 )
 # Materialized on demand, not by the loop's job.
 ON_DEMAND_ASSETS = ("objective_comparison",)
-SIDE_TABLES = ("heldout_results", "comparison_heldout")
+SIDE_TABLES = ("heldout_results", "comparison_heldout", "comparison_candidates")
 TABLES = ASSET_NAMES + ON_DEMAND_ASSETS + SIDE_TABLES
 CATALOG_FILE = "spogw.duckdb"
 

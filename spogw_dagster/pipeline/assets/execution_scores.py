@@ -30,7 +30,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     t0 = time.monotonic()
     cfg = pipeline.config()
     k = key_to_int(context.partition_key)
-    jobs = _jobs(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
+    jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
     iso = pipeline.isolation()
 
     async def run():
@@ -65,7 +65,7 @@ def executor_error_share(df: pl.DataFrame) -> tuple[int, int, float]:
     return outage.executor_error_share(df.filter(pl.col("runs") > 0))
 
 
-def _jobs(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
+def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
     """One job per sampled row; unparsed rows go through as their parse status (scored, never executed)."""
     unknown = sorted(set(sampled["query_id"].to_list()) - set(problems))
     if unknown:

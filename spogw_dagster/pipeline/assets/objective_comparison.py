@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.core import curation
-from spogw_dagster.core.methods import method_overrides
+from spogw_dagster.core.methods import method_overrides, own_data
 
 from ...adapter_files import ADAPTER_WEIGHTS
 from .. import heldout as ho
@@ -43,6 +43,7 @@ DESCRIPTION = ("SPOGW, GRPO, Score-DPO, RWR and SPOGW's ablations (comparison.ob
                "parent adapter on iteration k's data with the same seeds, scored on the report's held-out queries: "
                "metrics with 95% intervals and the paired difference to spogw. On demand, not in the loop's job.")
 SIDE_TABLE = "comparison_heldout"
+DATA_TABLE = "comparison_candidates"  # the scored candidates of methods that sample and score their own
 
 
 @dataclass
@@ -56,6 +57,7 @@ class MethodRun:
     seed: int
     train_seconds: float | None
     reused: str  # "" | "lora_checkpoint" (the loop's own checkpoint k: same config and data)
+    rows_sha256: str = ""  # the candidate rows it started from: the loop's, or its own (ScoreFlow's scoring)
 
 
 def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
@@ -70,14 +72,24 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     check_provenance(key, parent, sampled_workflows)  # π_old of every method is recomputed from this parent
     rows_sha = candidate_rows_sha256(sampled_workflows, execution_scores)
     frames = (sampled_workflows, execution_scores, sharpened_groups)
-    runs = [_train(context, cfg, name, frames, store, key, parent, lora_checkpoint.row(0, named=True))
-            for name in cfg.comparison.objectives]
+    runs, own = [], []
+    for name in cfg.comparison.objectives:
+        mframes, mrows_sha = frames, rows_sha
+        if own_data(name):  # ScoreFlow: its own sampling and scoring settings, same parent and seeds
+            mcfg = method_config(cfg, name)
+            s, sc = _own_data(context, pipeline, mcfg, parent, k, name)
+            own.append(sc.with_columns(pl.lit(name).alias("method")))
+            mframes, mrows_sha = (s, sc, sharpened_groups), candidate_rows_sha256(s, sc)
+        run = _train(context, cfg, name, mframes, store, key, parent, lora_checkpoint.row(0, named=True))
+        runs.append(replace(run, rows_sha256=mrows_sha))
+    if own:
+        store.write_parquet(DATA_TABLE, key, pl.concat(own, how="diagonal_relaxed"))
     scfg = scoring_config(cfg)
     problems, split_info = heldout_problems(scfg)
     heldout = _score(context, pipeline, scfg, runs, problems, store, key, benchmark_report)
     store.write_parquet(SIDE_TABLE, key, heldout)
     reference = "spogw" if "spogw" in cfg.comparison.objectives else cfg.comparison.objectives[0]
-    table = comparison_frame(heldout, runs, reference=reference, iteration=k, rows_sha256=rows_sha,
+    table = comparison_frame(heldout, runs, reference=reference, iteration=k,
                              parent_sha256=parent.sha256 if parent else None, config_hash=cfg.hash,
                              split_ids_sha256=split_info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
                              seed=cfg.report.seed)
@@ -153,6 +165,50 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     return MethodRun(adapter=out, adapter_sha256=adapter_sha256(out), train_seconds=secs, reused="", **common)
 
 
+def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k: int,
+              name: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Iteration k's training data sampled and scored with method `name`'s own settings (ScoreFlow: generator
+    T = 0.2 and top-p 0.95, each workflow the mean of 3 executor runs at T = 0): the same parent adapter,
+    training queries, m and seeds as the loop's sampled_workflows and execution_scores."""
+    import asyncio
+
+    from spogw_dagster.seeds import derive_seed
+
+    from .. import outage
+    from ..heldout import generate_samples
+    from ..rewards import Ladder
+    from ..resources import evaluate_jobs
+    from .execution_scores import jobs_for
+
+    mpipe = PipelineResource(assets_dir=pipeline.assets_dir, config_json=json.dumps(mcfg.canonical(), default=str))
+    g = mcfg.generator
+    problems = mpipe.train_queries()
+    say(context, f"{name}: sampling {mcfg.curation.m} workflows for each of {len(problems)} queries at T = "
+                 f"{g.temperature}, top-p {g.top_p}")
+    prompts, samples, _ = generate_samples(mpipe, parent.path if parent else None, problems, n=mcfg.curation.m,
+                                           temperature=g.temperature, seed=derive_seed(g.seed, "sample", k))
+    sampled = tables.sampled_frame(k, [p.id for p in problems], prompts, samples, problems[0].family,
+                                   parent_iteration=parent.iteration if parent else None,
+                                   parent_sha256=parent.sha256 if parent else None, generator=g.model)
+    jobs = jobs_for(sampled, {p.id: p for p in problems}, f"{k:04d}")
+    iso = mpipe.isolation()
+
+    async def run():
+        async with mpipe.executor() as ex:
+            res = await evaluate_jobs(jobs, ex.executor, iso, mcfg, seed=mcfg.execution.seed)
+            return res, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}
+
+    say(context, f"{name}: scoring each workflow as the mean of {mcfg.execution.runs} executor runs at T = "
+                 f"{mcfg.executor.temperature}")
+    results, counters = asyncio.run(run())
+    ladder = Ladder(**mcfg.reward.model_dump())
+    scores = tables.execution_frame(tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code)
+                                    for j, r in zip(jobs, results))
+    outage.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,
+                          partition_key=f"{k:04d}", cache_path=mpipe.cache_path())
+    return sampled, scores
+
+
 def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
     """Whether the adapter's training record shows this config and these examples (the parent is checkpoint
     k-1 for both, by lineage)."""
@@ -189,7 +245,7 @@ def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[Met
 
 
 def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference: str, iteration: int,
-                     rows_sha256: str, parent_sha256: str | None, config_hash: str, split_ids_sha256: str,
+                     parent_sha256: str | None, config_hash: str, split_ids_sha256: str,
                      resamples: int, seed: int) -> pl.DataFrame:
     """The report's long format over methods (the reference labelled as the report's "previous", so each other
     system's diff is its paired difference to the reference), with what each method trained on."""
@@ -202,14 +258,14 @@ def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference:
         pl.lit(reference).alias("reference"))
     info = pl.DataFrame([{"system": r.method, "objective": r.objective, "n_examples": r.n_examples,
                           "examples_sha256": r.examples_sha256, "seed": r.seed, "train_seconds": r.train_seconds,
-                          "reused": r.reused} for r in runs],
+                          "reused": r.reused, "rows_sha256": r.rows_sha256 or None} for r in runs],
                         schema={"system": pl.String(), "objective": pl.String(), "n_examples": pl.Int64(),
                                 "examples_sha256": pl.String(), "seed": pl.Int64(), "train_seconds": pl.Float64(),
-                                "reused": pl.String()})
+                                "reused": pl.String(), "rows_sha256": pl.String()})
     out = (rep.rename({"system": "method", "diff_vs_prev": "diff_vs_reference"})
            .join(info.rename({"system": "method"}), on="method", how="left")
-           .with_columns(*[pl.when(pl.col("kind") == "baseline").then(None).otherwise(pl.lit(v)).alias(c)
-                           for c, v in (("rows_sha256", rows_sha256), ("parent_adapter_sha256", parent_sha256))]))
+           .with_columns(pl.when(pl.col("kind") == "baseline").then(None).otherwise(pl.lit(parent_sha256))
+                         .alias("parent_adapter_sha256")))
     return with_holm(out, labelled, reference=reference, resamples=resamples, seed=seed)
 
 
@@ -273,5 +329,6 @@ def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
         "comparison": dg.MetadataValue.md("\n".join(lines)),
         "plot": dg.MetadataValue.md(method_bars(table, reference)),
         "methods": dg.MetadataValue.json(sorted(table["method"].unique().to_list())),
-        "rows_sha256": dg.MetadataValue.text(table.filter(pl.col("kind") != "baseline")["rows_sha256"][0]),
+        "rows_sha256": dg.MetadataValue.json({r["method"]: r["rows_sha256"] for r in
+                                              table.filter(pl.col("kind") != "baseline").iter_rows(named=True)}),
     }
