@@ -9,6 +9,8 @@ fields changed, so every method sees the same iteration's data, seeds and parent
     rwr                 W4S: every scored candidate once, weight exp(r / 0.4) with W4S's history-relative r,
                         log-probs at T = 1, at W4S's settings (lr 2e-5 from its train.py; 3 epochs and batch 8:
                         Hugging Face Trainer's defaults, which its train.py does not change)
+    w4s                 W4S as a whole: its own data of the iteration from 2 turns of 5 candidates (T = 0.5,
+                        self-check repairs, the best advancing the state), then rwr at W4S's settings
     score_dpo_ours,     the same data paths and losses at the loop's own training settings (learning rate,
     rwr_ours            epochs, batch), to tell the data path's effect from the settings'
 
@@ -48,6 +50,10 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
                   "generator": {"temperature": 0.2, "top_p": 0.95},
                   "executor": {"temperature": 0.0}, "execution": {"runs": 3}},
     "rwr": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}},
+    # W4S as a whole: its turns (2 per episode, W4S's context window; 5 candidates per turn, T = 0.5, up to 3
+    # self-check repairs) sampled for the comparison from the same parent, then RWR on all turns' candidates
+    "w4s": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}, "generator": {"temperature": 0.5},
+            "curation": {"m": 5}, "refinement": {"turns": 2, "repairs": 3}},
     "score_dpo_ours": {"training": {"objective": "score_dpo"}},
     "rwr_ours": {"training": {"objective": "rwr"}},
     **{f"spogw_beta{k}": {"training": {"objective": "spogw", "beta": v}} for k, v in _BETAS.items()},
@@ -59,7 +65,7 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
 
 
 # sections whose override means the method needs its own sampled and scored data for the iteration
-DATA_SECTIONS = ("generator", "executor", "execution")
+DATA_SECTIONS = ("generator", "executor", "execution", "refinement")
 
 
 def own_data(name: str) -> bool:

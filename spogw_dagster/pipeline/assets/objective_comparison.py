@@ -168,28 +168,25 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
 def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k: int,
               name: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Iteration k's training data sampled and scored with method `name`'s own settings (ScoreFlow: generator
-    T = 0.2 and top-p 0.95, each workflow the mean of 3 executor runs at T = 0): the same parent adapter,
-    training queries, m and seeds as the loop's sampled_workflows and execution_scores."""
+    T = 0.2 and top-p 0.95, each workflow the mean of 3 executor runs at T = 0; W4S: its turns): the same parent
+    adapter, training queries and seeds as the loop's sampled_workflows and execution_scores."""
     import asyncio
 
     from spogw_dagster.seeds import derive_seed
 
     from .. import outage
-    from ..heldout import generate_samples
     from ..rewards import Ladder
     from ..resources import evaluate_jobs
     from .execution_scores import jobs_for
+    from .sampled_workflows import sample_iteration
 
     mpipe = PipelineResource(assets_dir=pipeline.assets_dir, config_json=json.dumps(mcfg.canonical(), default=str))
     g = mcfg.generator
     problems = mpipe.train_queries()
     say(context, f"{name}: sampling {mcfg.curation.m} workflows for each of {len(problems)} queries at T = "
-                 f"{g.temperature}, top-p {g.top_p}")
-    prompts, samples, _ = generate_samples(mpipe, parent.path if parent else None, problems, n=mcfg.curation.m,
-                                           temperature=g.temperature, seed=derive_seed(g.seed, "sample", k))
-    sampled = tables.sampled_frame(k, [p.id for p in problems], prompts, samples, problems[0].family,
-                                   parent_iteration=parent.iteration if parent else None,
-                                   parent_sha256=parent.sha256 if parent else None, generator=g.model)
+                 f"{g.temperature}, top-p {g.top_p}"
+                 + (f", {mcfg.refinement.turns} W4S turns" if mcfg.refinement.enabled else ""))
+    sampled, _ = sample_iteration(context, mpipe, mcfg, k, parent, problems, derive_seed(g.seed, "sample", k))
     jobs = jobs_for(sampled, {p.id: p for p in problems}, f"{k:04d}")
     iso = mpipe.isolation()
 

@@ -24,8 +24,6 @@ DESCRIPTION = ("m workflows per training query sampled from π_{k-1} (the base m
 
 
 def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl.DataFrame:
-    from ..heldout import generate_samples
-
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key
@@ -35,6 +33,20 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl
     seed = derive_seed(cfg.generator.seed, "sample", k)
     say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} queries from "
                  f"{'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
+    df, tps = sample_iteration(context, pipeline, cfg, k, parent, problems, seed)
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0),
+                                 **_metadata(df, parent, len(problems), tps, seed, problems[0].family)})
+    say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
+                 f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
+    return df
+
+
+def sample_iteration(context, pipeline: PipelineResource, cfg, k: int, parent, problems, seed: int
+                     ) -> tuple[pl.DataFrame, float]:
+    """Iteration k's rows: m workflows per query from π_{k-1} (`parent`, None = the base model), then W4S's turns
+    when refinement is on. Returns (rows, generation tokens/s of the first turn)."""
+    from ..heldout import generate_samples
+
     prompts, samples, tps = generate_samples(pipeline, parent.path if parent else None, problems, n=cfg.curation.m,
                                              temperature=cfg.generator.temperature, seed=seed)
     df = tables.sampled_frame(
@@ -44,11 +56,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl
     )
     if cfg.refinement.enabled:
         df = _refine(context, pipeline, cfg, k, parent, problems[0].family, df)
-    context.add_output_metadata({**common_metadata(cfg, NAME, t0),
-                                 **_metadata(df, parent, len(problems), tps, seed, problems[0].family)})
-    say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
-                 f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
-    return df
+    return df, tps
 
 
 def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int, family: str) -> dict[str, Any]:
