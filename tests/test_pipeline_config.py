@@ -36,7 +36,7 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     monkeypatch.setenv("SPOGW_EXECUTOR_MODEL", "qwen")
     cfg = load_config("paper")
     assert (cfg.curation.m, cfg.curation.n, cfg.training.beta, cfg.iterations) == (16, 14, 0.1, 3)
-    assert cfg.benchmark.train_queries == 100
+    assert (cfg.benchmark.train_queries, cfg.benchmark.heldout_queries) == (65, 83)  # all of train and of test
     assert cfg.generator.model == str(model.resolve())
 
 

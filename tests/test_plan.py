@@ -63,7 +63,8 @@ def test_plan_from_config_and_placeholders_for_unset_env(monkeypatch):
     cfg, notes = load_config_for_plan("paper", None)
     assert len(notes) == 3 and cfg.curation.m == 16
     p = plan_from_config(cfg)
-    assert (p.d, p.groups_per_query, p.rows_per_query, p.training_rows) == (100, 120, 960, 96_000)
+    # d = 65: the whole train split of HumanEval (164 problems -> train 65, validation 16, test 83)
+    assert (p.d, p.groups_per_query, p.rows_per_query, p.training_rows) == (65, 120, 960, 65 * 960)
     ci, notes = load_config_for_plan("ci", None)
     assert notes == [] and plan_from_config(ci).training_rows == 2 * 1 * 2  # d = 2, one group of 2t = 2 rows
 
@@ -90,5 +91,5 @@ def test_spogw_plan_command(capsys, monkeypatch, tmp_path):
     rc = main(["plan", "--profile", "paper", "--assets-dir", str(tmp_path)])
     out = capsys.readouterr()
     assert rc in (0, None)
-    assert "960 rows per query" in out.out and "96,000 rows" in out.out and "1,600 rows" in out.out
+    assert "960 rows per query" in out.out and "62,400 rows" in out.out and "1,040 rows" in out.out  # 65 x 960, 65 x 16
     assert "upper bound" in out.out and "SPOGW_GENERATOR_MODEL" in out.err

@@ -6,6 +6,7 @@
                                             score the base model or a LoRA adapter (greedy and K samples per
                                             query, 95% intervals, paired differences to --compare); choose
                                             settings on the validation split, never on test
+    spogw check [--profile P | --config FILE] [--assets-dir DIR]  everything a run would refuse (preflight.py)
     spogw plan [--profile P | --config FILE] [--assets-dir DIR]   the work one iteration implies, before it runs
     spogw compare A B [--assets-dir DIR]    paired difference of two systems already in heldout_results (e.g.
                                             the last checkpoint against the base model), from the stored rows
@@ -14,12 +15,12 @@
 from __future__ import annotations
 
 import argparse
-import errno
 import sys
 
 from ..adapter_files import ADAPTER_WEIGHTS
+from .storage import STORAGE_ERRNOS, storage_error_text, storage_trouble
 
-COMMANDS = ("run", "catalog", "evaluate", "compare", "plan", "gc")
+COMMANDS = ("run", "check", "catalog", "evaluate", "compare", "plan", "gc")
 
 
 def add_config_source(parser, *, prefix: str = "", config_help: str = "YAML config file") -> None:
@@ -42,6 +43,15 @@ def add_pipeline_commands(sub) -> None:
                      help="comma-separated training seeds, e.g. 0,1,2: the loop once per seed in <assets>/seed-<s> "
                           "(same held-out queries and draws), then the answer score's mean and spread over seeds")
     run.add_argument("--log-level", default="WARNING", help="Dagster console log level (default WARNING)")
+    chk = sub.add_parser("check", help="preflight: everything a run would refuse (config, splits, models, executor, "
+                                       "sandbox, assets directory), each problem with its fix; exit 0 when none",
+                         description="Check what `spogw run` checks before it starts, without running anything: the "
+                                     "config and its ${VAR}s, the benchmark's split sizes and data files, the "
+                                     "generator and executor models, the executor endpoint's reachability, the "
+                                     "sandbox, and the assets directory. Exit 0 when all pass, 2 otherwise.")
+    add_config_source(chk)
+    chk.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
+    chk.add_argument("--json", action="store_true", help="print the findings as JSON")
     cat = sub.add_parser("catalog", help="rebuild the DuckDB catalog of the assets directory")
     cat.add_argument("--assets-dir", default=None)
     gc = sub.add_parser("gc", help="remove adapters and leftovers no partition references",
@@ -112,6 +122,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             refresh_catalog(store, force=True)
             print(f"rebuilt {store.catalog_path}")
             return 0
+        if args.cmd == "check":
+            return check_command(args)
         if args.cmd == "evaluate":
             return evaluate_command(args)
         if args.cmd == "gc":
@@ -157,6 +169,25 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         return 2
 
 
+def check_command(args: argparse.Namespace) -> int:
+    """`spogw check`: every finding of the preflight, ok or not; 2 when any failed."""
+    import json
+    from dataclasses import asdict
+
+    from .preflight import preflight
+
+    cfg, findings = preflight(args.profile, args.config, assets_dir=args.assets_dir)
+    bad = [f for f in findings if not f.ok]
+    if args.json:
+        print(json.dumps({"ok": not bad, "profile": cfg.profile if cfg else None,
+                          "findings": [asdict(f) for f in findings]}, indent=1))
+    else:
+        for f in findings:
+            print(f.line())
+        print(f"{len(bad)} problem{'s' if len(bad) != 1 else ''}" if bad else "ready to run")
+    return 2 if bad else 0
+
+
 def parse_seeds(text: str) -> list[int]:
     from .settings import ConfigValidationError
 
@@ -167,47 +198,6 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigValidationError(f"--seeds {text!r}: give one or more distinct integers, e.g. --seeds 0,1,2")
     return seeds
-
-
-# a file cannot be written: read-only, full, over quota, or not ours (EPERM is left alone: the sandbox's own
-# refusals are not storage problems)
-STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES}
-
-
-def storage_error_text(e: OSError) -> str:
-    """One line for an assets directory that cannot be written, with the fix; completed partitions are kept
-    (every write is atomic), so the rerun resumes."""
-    fix = {errno.ENOSPC: "free space there (`df -h` it; `spogw gc` removes unreferenced adapters)",
-           errno.EDQUOT: "free space there or raise the quota"}.get(
-        e.errno, "make it writable (mount it read-write, fix its owner or permissions)")
-    verb = "access" if e.errno == errno.EACCES else "write"
-    return (f"cannot {verb} {e.filename or 'the assets directory'}: {e.strerror}. Fix: {fix}, or pass --assets-dir "
-            "on a writable file system with free space; nothing half-written is left, completed partitions are "
-            "kept, and the rerun resumes where this stopped")
-
-
-def storage_trouble(assets_dir) -> str | None:
-    """Why the assets directory's file system cannot take writes now (read-only, or under 1 MiB free), with the
-    fix; None when it can."""
-    import os
-    from pathlib import Path
-
-    from .storage import default_assets_dir
-
-    p = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        st = os.statvfs(p)
-    except OSError:
-        return None
-    if st.f_flag & os.ST_RDONLY:
-        err = OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
-    elif st.f_bavail * st.f_frsize < 1 << 20:
-        err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
-    else:
-        return None
-    return storage_error_text(err)
 
 
 def compare_command(args: argparse.Namespace) -> int:

@@ -315,13 +315,11 @@ def run_loop(
 ) -> list[IterationOutcome]:
     import dagster as dg
 
-    from .resources import check_benchmark_data
-    from .settings import load_config
+    from .preflight import require
 
     overrides = {**(overrides or {}), **({"iterations": iterations} if iterations is not None else {})}
-    cfg = load_config(profile, config_file, overrides or None)
-    check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    cfg = require(profile, config_file, overrides or None, assets_dir=root)  # what `spogw check` prints
     with assets_dir_lock(root, "spogw run"):
         return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level)
 
@@ -615,13 +613,12 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     import dagster as dg
 
     from .partitions import iteration_key
-    from .resources import check_benchmark_data
-    from .settings import ConfigValidationError, load_config
+    from .preflight import require
+    from .settings import ConfigValidationError
 
     over = {k: v for k, v in (("objectives", objectives), ("split", split)) if v}
-    cfg = load_config(profile, config_file, {"comparison": over} if over else None)
-    check_benchmark_data(cfg)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
+    cfg = require(profile, config_file, {"comparison": over} if over else None, assets_dir=root)
     store = AssetStore(root)
     key = iteration_key(iteration)
     if not store.exists("benchmark_report", key):

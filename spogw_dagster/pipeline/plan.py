@@ -20,10 +20,11 @@ Counts per iteration k (d training queries, m samples each, groups of n, top/bot
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+from .preflight import load_config_for_plan  # noqa: F401  (re-exported: its old home)
 
 __all__ = ["Speeds", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "load_config_for_plan"]
@@ -252,36 +253,6 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
     return "\n".join(lines)
 
 
-_MISSING_ENV = re.compile(r"(?P<where>[\w.]+): environment variable (?P<name>\w+) is not set")
-
-
-def load_config_for_plan(profile: str | None, config_file: str | None,
-                         overrides: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
-    """`load_config`, except that a field naming an unset environment variable (the `paper` profile's
-    ${SPOGW_GENERATOR_MODEL}, ${SPOGW_EXECUTOR_URL}, ...) gets a placeholder: none of them changes a count.
-    Returns (config, notes on the placeholders)."""
-    from .settings import ConfigValidationError, deep_merge, load_config
-
-    over: dict[str, Any] = dict(overrides or {})
-    notes: list[str] = []
-    for _ in range(16):
-        try:
-            return load_config(profile, config_file, over), notes
-        except ConfigValidationError as e:
-            m = _MISSING_ENV.search(str(e))
-            if not m or "[" in m.group("where"):
-                raise
-            where, name = m.group("where").split("."), m.group("name")
-            value: Any = ("smollm2" if where == ["generator", "model"]
-                          else f"http://{name.lower()}.unset/v1" if where[-1] == "url" else f"<{name} unset>")
-            patch: dict[str, Any] = {where[-1]: value}
-            for part in reversed(where[:-1]):
-                patch = {part: patch}
-            over = deep_merge(over, patch)
-            notes.append(f"${name} is not set: {'.'.join(where)} = {value!r} for this plan (no count depends on it)")
-    raise ConfigValidationError("too many unset environment variables in the config")
-
-
 # ---------------------------------------------------------------------------------------------------
 # the `spogw plan` subcommand (wired in commands.py)
 
@@ -314,7 +285,16 @@ def plan_command(args: Any) -> int:
     from .settings import ConfigValidationError
     from .storage import default_assets_dir
 
-    cfg, notes = load_config_for_plan(args.profile, args.config)
+    from .preflight import PLAN_CHECKS, PreflightError, preflight
+
+    # the checks its counts rest on, with the same text `spogw check` and `spogw run` give; unset ${VAR}s are
+    # placeholders here (no count depends on them)
+    cfg, findings = preflight(args.profile, args.config, checks=PLAN_CHECKS, allow_unset_env=True)
+    problems = [f for f in findings if not f.ok]
+    if problems:
+        raise PreflightError(problems)
+    notes = [f"{f.text}: a placeholder for this plan (no count depends on it)" for f in findings
+             if f.check == "config" and "is not set" in f.text]
     root = Path(args.assets_dir).expanduser() if args.assets_dir else default_assets_dir()
     if args.assets_dir and not Path(root).is_dir():
         raise ConfigValidationError(f"--assets-dir {root} does not exist")

@@ -21,6 +21,7 @@ partition), and `readable` tells the loop not to count such a partition as done.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -153,3 +154,39 @@ def write_parquet_atomic(df: pl.DataFrame, path: str | os.PathLike[str]) -> Path
     with atomic_path(path) as tmp:
         df.write_parquet(tmp, compression="zstd", statistics=True)
     return Path(path)
+
+
+# a file cannot be written: read-only, full, over quota, or not ours (EPERM is left alone: the sandbox's own
+# refusals are not storage problems)
+STORAGE_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES}
+
+
+def storage_error_text(e: OSError) -> str:
+    """One line for an assets directory that cannot be written, with the fix; completed partitions are kept
+    (every write is atomic), so the rerun resumes."""
+    fix = {errno.ENOSPC: "free space there (`df -h` it; `spogw gc` removes unreferenced adapters)",
+           errno.EDQUOT: "free space there or raise the quota"}.get(
+        e.errno, "make it writable (mount it read-write, fix its owner or permissions)")
+    verb = "access" if e.errno == errno.EACCES else "write"
+    return (f"cannot {verb} {e.filename or 'the assets directory'}: {e.strerror}. Fix: {fix}, or pass --assets-dir "
+            "on a writable file system with free space; nothing half-written is left, completed partitions are "
+            "kept, and the rerun resumes where this stopped")
+
+
+def storage_trouble(assets_dir) -> str | None:
+    """Why the assets directory's file system cannot take writes now (read-only, or under 1 MiB free), with the
+    fix; None when it can."""
+    p = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        err = OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
+    elif st.f_bavail * st.f_frsize < 1 << 20:
+        err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+    else:
+        return None
+    return storage_error_text(err)
