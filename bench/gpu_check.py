@@ -19,7 +19,11 @@ On a machine with an NVIDIA GPU (after `pip install -e ".[gpu]"`, or pass `--ins
 Each phase checks the time left against --budget-s (default 420 s) and is skipped, and said so, when it would
 not fit. The last line printed is the summary:
 
-    GPU_CHECK ok lora_ratio=0.97 (>=0.90) logprob_mean_abs=0.012 p99=0.091 (<=0.05/0.5) train_step_s=0.41 ...
+    GPU_CHECK ok lora_ratio=0.97 (>=0.90) logprob_mean_abs=0.012 p99=0.091 (<=0.05/0.5) gen_tps=... train_step_s=0.41
+    train_tps=... ...
+
+gen_tps and train_tps are what `spogw plan --generator-tps/--train-tps` takes for that GPU (the plan prints no
+time for a target nobody measured).
 
 The CPU-side logic (argument parsing, model discovery, the comparison, the summary) is tested in
 tests/test_gpu_check.py without a GPU.
@@ -163,6 +167,8 @@ class Results:
     tol_mean: float = 0.05
     tol_p99: float = 0.5
     train_step_s: float | None = None
+    gen_tps: float | None = None  # sampled tokens/s with the adapter: `spogw plan --generator-tps`
+    train_tps: float | None = None  # trained completion tokens/s: `spogw plan --train-tps`
     train_note: str = ""
     model: str = ""
     elapsed_s: float = 0.0
@@ -182,8 +188,12 @@ def summary_line(r: Results) -> str:
         parts.append(f"logprob_mean_abs={lp['mean_abs']:.3f} p99={lp['p99_abs']:.3f} max={lp['max_abs']:.3f} "
                      f"signed={lp['mean_signed']:+.3f} over {lp['tokens']} tokens (<={r.tol_mean:g}/{r.tol_p99:g})")
         fail |= not lp["ok"]
+    if r.gen_tps is not None:
+        parts.append(f"gen_tps={r.gen_tps:.0f}")
     if r.train_step_s is not None:
         parts.append(f"train_step_s={r.train_step_s:.2f}")
+    if r.train_tps is not None:
+        parts.append(f"train_tps={r.train_tps:.0f}")
     if r.train_note:
         parts.append(f"train: {r.train_note}")
     if r.skipped:
@@ -304,8 +314,9 @@ def run(args: argparse.Namespace) -> Results:
         lora = sampler._lora
         base_out, base_s = _sample(sampler, prompts, args, None)
         lora_out, lora_s = _sample(sampler, prompts, args, lora)
-        res.ratio = throughput_ratio(sum(len(s.token_ids) for s in lora_out), lora_s,
-                                     sum(len(s.token_ids) for s in base_out), base_s)
+        lora_tokens = sum(len(s.token_ids) for s in lora_out)
+        res.ratio = throughput_ratio(lora_tokens, lora_s, sum(len(s.token_ids) for s in base_out), base_s)
+        res.gen_tps = lora_tokens / lora_s
         sampler.close()
         del sampler
         torch.cuda.empty_cache()
@@ -327,6 +338,7 @@ def run(args: argparse.Namespace) -> Results:
             res.skipped.append("train(budget)")
         else:
             res.train_step_s = _train_step(folder, adapter, lora_out, args.train_rows)
+            res.train_tps = sum(len(s.token_ids) for s in lora_out[:args.train_rows]) / res.train_step_s
             res.train_note = f"{n_params / 1e9:.1f}B bf16 LoRA, {args.train_rows} rows"
     except Exception as e:  # the summary line must still come out
         res.error = f"{type(e).__name__}: {str(e)[:300]}"

@@ -97,6 +97,9 @@ def test_summary_line():
     line = gc.summary_line(r)
     assert line.startswith("GPU_CHECK ok ") and "\n" not in line
     assert "lora_ratio=0.97 (>=0.90)" in line and "logprob_mean_abs=0.005" in line and "train_step_s=0.41" in line
+    assert "gen_tps" not in line  # only what was measured
+    speeds = gc.summary_line(gc.Results(ratio=0.97, logprobs=lp, gen_tps=1234.4, train_tps=876.6))
+    assert "gen_tps=1234" in speeds and "train_tps=877" in speeds
     assert line.endswith("elapsed=312s")
     assert gc.summary_line(gc.Results(ratio=0.8, logprobs=lp)).startswith("GPU_CHECK FAIL")
     assert gc.summary_line(gc.Results(ratio=0.95)).startswith("GPU_CHECK INCOMPLETE")

@@ -93,3 +93,37 @@ def test_spogw_plan_command(capsys, monkeypatch, tmp_path):
     assert rc in (0, None)
     assert "960 rows per query" in out.out and "62,400 rows" in out.out and "1,040 rows" in out.out  # 65 x 960, 65 x 16
     assert "upper bound" in out.out and "SPOGW_GENERATOR_MODEL" in out.err
+
+
+def test_speeds_are_measured_per_target_or_unknown(monkeypatch):
+    from spogw_dagster.pipeline.plan import CPU_EXECUTOR_TPS, CPU_GENERATOR_TPS, speeds_for_config
+    from spogw_dagster.pipeline.settings import load_config
+
+    sp = speeds_for_config(load_config("answers"), gpu=False)  # Qwen on both sides, embedded executor
+    assert (sp.generator_tps, sp.executor_tps) == (CPU_GENERATOR_TPS["qwen2.5-coder-0.5b"][0],
+                                                   CPU_EXECUTOR_TPS["qwen2.5-coder-0.5b"][0])
+    assert sp.unknown == () and "answers run" in sp.source
+    # a GPU, an endpoint, a folder: no speed, each with its reason, and no total time in the plan
+    gpu = load_config("ci", overrides={"generator": {"backend": "vllm"},
+                                       "executor": {"url": "http://127.0.0.1:9/v1", "model": "m"}})
+    sp = speeds_for_config(gpu)
+    assert (sp.generator_tps, sp.executor_tps, sp.train_tps) == (None, None, None) and len(sp.unknown) == 2
+    p = plan_from_config(gpu, speeds=sp)
+    assert p.generator_s is None and p.report_s is None
+    text = format_plan(p)
+    assert "no total" in text and "sampling not estimated" in text and "on a GPU: not measured here" in text
+    assert "total ≈" not in text
+
+
+def test_plan_of_the_paper_profile_guesses_no_time(capsys, monkeypatch, tmp_path):
+    from spogw_dagster.cli import main
+
+    for name in ("SPOGW_GENERATOR_MODEL", "SPOGW_EXECUTOR_URL", "SPOGW_EXECUTOR_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["plan", "--profile", "paper", "--assets-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no total: a speed is unknown" in out and "generator.model is unset" in out
+    assert main(["plan", "--profile", "paper", "--assets-dir", str(tmp_path), "--generator-tps", "2000",
+                 "--train-tps", "1000", "--executor-tps", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "total ≈" in out and "given: --generator-tps 2000" in out and "unknown" not in out

@@ -26,19 +26,83 @@ from typing import Any
 
 from .preflight import load_config_for_plan  # noqa: F401  (re-exported: its old home)
 
-__all__ = ["Speeds", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
+__all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "load_config_for_plan"]
 
 
 @dataclass(frozen=True)
 class Speeds:
     """Backend throughputs in tokens per second (generated tokens for sampling and the executor, trained
-    completion tokens for training)."""
+    completion tokens for training); None where nothing was measured for the target (no time is guessed)."""
 
-    generator_tps: float = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (measured)
-    executor_tps: float = 77.0  # llama.cpp single stream on the bundled GGUF (measured)
-    train_tps: float = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (measured)
+    generator_tps: float | None = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (measured)
+    executor_tps: float | None = 77.0  # llama.cpp single stream on the bundled GGUF (measured)
+    train_tps: float | None = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (measured)
     source: str = "measured on 2 CPU cores with SmolLM2-135M"
+    unknown: tuple[str, ...] = ()  # why each None is unknown
+
+
+# Measured on this project's 2-core CPU machine (x86-64, no GPU). Generator and training: transformers on CPU,
+# fp32; executor: the embedded llama.cpp workers. GPU targets and endpoints have no entry on purpose: their
+# speed depends on hardware nobody measured here; `bench/gpu_check.py` prints gen_tps and train_tps on a GPU.
+CPU_GENERATOR_TPS = {
+    "smollm2": (65.0, "SmolLM2-135M, batch 8-16"),
+    # answers run of 2026-12-02: 4,021 tokens sampled in 454 s (model load included), batch 8
+    "qwen2.5-coder-0.5b": (9.1, "Qwen2.5-Coder-0.5B, the answers run: 4,021 tokens in 454 s"),
+}
+CPU_TRAIN_TPS = {
+    "smollm2": (80.0, "SmolLM2-135M LoRA r=8"),
+    # the same run: 72 rows x 2 epochs of ~31 tokens (4,464) in 376 s of optimizer steps
+    "qwen2.5-coder-0.5b": (12.0, "Qwen2.5-Coder-0.5B LoRA r=8, the answers run: 4,464 tokens in 376 s"),
+}
+CPU_EXECUTOR_TPS = {
+    "smollm2": (77.0, "SmolLM2-135M, one llama.cpp stream"),
+    # the answers run: ~12,500 completion tokens of 92 new calls in 617 s on 2 single-thread workers
+    "qwen2.5-coder-0.5b": (20.0, "Qwen2.5-Coder-0.5B, 2 workers, the answers run: ~12,500 tokens in 617 s"),
+    # bench/bundled_models_speed.py, one single-thread worker, 96 tokens
+    "qwen2.5-coder-1.5b": (8.4, "Qwen2.5-Coder-1.5B, one worker, bench/bundled_models_speed.py"),
+}
+
+
+def speeds_for_config(cfg: Any, gpu: bool | None = None, placeholders: frozenset[str] = frozenset()) -> Speeds:
+    """The measured speeds of the config's targets: a bundled generator on the CPU path (transformers, or
+    `auto` where this machine has no GPU) and the embedded executor on a bundled model. Anything else (a GPU,
+    a model folder, an endpoint, a field whose ${VAR} is unset) is None with the reason: the plan then gives
+    counts, not a time."""
+    from spogw_dagster import bundled_models as bm
+
+    g, e = cfg.generator, cfg.executor
+    if gpu is None and g.backend == "auto":
+        try:
+            import torch
+
+            gpu = bool(torch.cuda.is_available())
+        except ImportError:  # pragma: no cover - torch is a dependency
+            gpu = False
+    on_gpu = g.backend == "vllm" or (g.backend == "auto" and bool(gpu))
+    gen = bm.find(g.model)
+    unknown, sources = [], []
+    gen_tps = train_tps = exec_tps = None
+    if on_gpu:
+        unknown.append("generator and training on a GPU: not measured here (bench/gpu_check.py prints gen_tps and "
+                       "train_tps; pass them as --generator-tps/--train-tps)")
+    elif "generator.model" in placeholders:
+        unknown.append("generator: generator.model is unset (pass --generator-tps/--train-tps)")
+    elif gen is None or gen.alias not in CPU_GENERATOR_TPS:
+        unknown.append(f"generator {g.model!r} on CPU: no measurement for this model (pass --generator-tps/--train-tps)")
+    else:
+        (gen_tps, gs), (train_tps, ts) = CPU_GENERATOR_TPS[gen.alias], CPU_TRAIN_TPS[gen.alias]
+        sources += [f"generator {gs}", f"training {ts}"]
+    ex = bm.find(e.model or "smollm2") if not e.endpoints() else None
+    if e.endpoints():
+        unknown.append("executor endpoint: its speed depends on its hardware and load (pass --executor-tps)")
+    elif ex is None or ex.alias not in CPU_EXECUTOR_TPS:
+        unknown.append(f"executor {e.model!r}: no measurement for this model (pass --executor-tps)")
+    else:
+        exec_tps, xs = CPU_EXECUTOR_TPS[ex.alias]
+        sources.append(f"executor {xs}")
+    return Speeds(gen_tps, exec_tps, train_tps, "measured on 2 CPU cores: " + "; ".join(sources) if sources
+                  else "nothing measured for these targets", tuple(unknown))
 
 
 @dataclass(frozen=True)
@@ -105,11 +169,11 @@ class IterationPlan:
     report_executor_calls: float
     # time
     speeds: Speeds = field(default_factory=Speeds)
-    generator_s: float = 0.0
-    executor_s: float = 0.0
-    train_s: float = 0.0
-    train_unique_s: float = 0.0
-    report_s: float = 0.0
+    generator_s: float | None = 0.0  # None: no speed for that target (Speeds.unknown says why)
+    executor_s: float | None = 0.0
+    train_s: float | None = 0.0
+    train_unique_s: float | None = 0.0
+    report_s: float | None = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,12 +221,17 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
         steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs,
         report_workflows=report_wf, report_executor_calls=report_calls,
         speeds=sp,
-        generator_s=gen_tokens / sp.generator_tps,
-        executor_s=exec_ct / sp.executor_tps,
-        train_s=rows * tok_sample * epochs / sp.train_tps,
-        train_unique_s=uniq * tok_sample * epochs / sp.train_tps,
-        report_s=report_wf * tok_sample / sp.generator_tps + report_calls * ct_call / sp.executor_tps,
+        generator_s=_per(gen_tokens, sp.generator_tps),
+        executor_s=_per(exec_ct, sp.executor_tps),
+        train_s=_per(rows * tok_sample * epochs, sp.train_tps),
+        train_unique_s=_per(uniq * tok_sample * epochs, sp.train_tps),
+        report_s=(None if sp.generator_tps is None or sp.executor_tps is None else
+                  report_wf * tok_sample / sp.generator_tps + report_calls * ct_call / sp.executor_tps),
     )
+
+
+def _per(tokens: float, tps: float | None) -> float | None:
+    return None if tps is None else tokens / tps
 
 
 def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds | None = None,
@@ -243,13 +312,25 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
     lines.append(f"  report    : {_n(p.report_workflows)} held-out workflows, {_n(p.report_executor_calls)} executor "
                  f"calls (same per-workflow calls)")
     sp = p.speeds
-    total = p.generator_s + p.executor_s + p.train_s + p.report_s
-    total_u = p.generator_s + p.executor_s + p.train_unique_s + p.report_s
-    lines.append(f"  wall time : sampling {_hm(p.generator_s)} at {sp.generator_tps:g} tok/s, executor "
-                 f"{_hm(p.executor_s)} at {sp.executor_tps:g} tok/s (one stream), training {_hm(p.train_s)} "
-                 f"({_hm(p.train_unique_s)} aggregated) at {sp.train_tps:g} tok/s, report {_hm(p.report_s)}; "
-                 f"total ≈ {_hm(total)} ({_hm(total_u)} with aggregation); token throughput only (model loads, sandbox "
-                 f"starts and scoring not counted), speeds from {sp.source}")
+
+    def at(seconds: float | None, tps: float | None) -> str:
+        return "not estimated" if seconds is None else f"{_hm(seconds)} at {tps:g} tok/s"
+
+    times = (p.generator_s, p.executor_s, p.train_s, p.report_s)
+    if all(t is not None for t in times):
+        total = p.generator_s + p.executor_s + p.train_s + p.report_s
+        total_u = p.generator_s + p.executor_s + p.train_unique_s + p.report_s
+        tail = (f"total ≈ {_hm(total)} ({_hm(total_u)} with aggregation); token throughput only (model loads, "
+                "sandbox starts and scoring not counted)")
+    else:
+        tail = "no total: a speed is unknown (below)"
+    train = at(p.train_s, sp.train_tps) + ("" if p.train_unique_s is None else f" ({_hm(p.train_unique_s)} aggregated)")
+    report = "not estimated" if p.report_s is None else _hm(p.report_s)
+    lines.append(f"  wall time : sampling {at(p.generator_s, sp.generator_tps)}, executor "
+                 f"{at(p.executor_s, sp.executor_tps)}, training {train}, report {report}; {tail}")
+    lines.append(f"  speeds    : {sp.source}")
+    for why in sp.unknown:
+        lines.append(f"  unknown   : {why}")
     return "\n".join(lines)
 
 
@@ -271,10 +352,10 @@ def add_plan_parser(sub) -> None:
                    help="measure calls per workflow and tokens from this assets directory's tables (default: "
                         "$SPOGW_ASSETS_DIR or ./assets, when it holds any)")
     p.add_argument("--first-iteration", action="store_true", help="count the base model's report rows too (k = 0)")
-    d = Speeds()
-    p.add_argument("--generator-tps", type=float, default=d.generator_tps, help="generator tokens/s")
-    p.add_argument("--executor-tps", type=float, default=d.executor_tps, help="executor tokens/s (one stream)")
-    p.add_argument("--train-tps", type=float, default=d.train_tps, help="trained tokens/s")
+    p.add_argument("--generator-tps", type=float, default=None,
+                   help="generator tokens/s (default: measured for the config's target, if it was)")
+    p.add_argument("--executor-tps", type=float, default=None, help="executor tokens/s, all workers together")
+    p.add_argument("--train-tps", type=float, default=None, help="trained tokens/s")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -293,19 +374,26 @@ def plan_command(args: Any) -> int:
     problems = [f for f in findings if not f.ok]
     if problems:
         raise PreflightError(problems)
-    notes = [f"{f.text}: a placeholder for this plan (no count depends on it)" for f in findings
-             if f.check == "config" and "is not set" in f.text]
+    unset = [f.text for f in findings if f.check == "config" and "is not set" in f.text]
+    notes = [f"{t}: a placeholder for this plan (no count depends on it)" for t in unset]
     root = Path(args.assets_dir).expanduser() if args.assets_dir else default_assets_dir()
     if args.assets_dir and not Path(root).is_dir():
         raise ConfigValidationError(f"--assets-dir {root} does not exist")
     measured = measure_assets(root) if Path(root).is_dir() else None
+    given = {}
     for name in ("generator_tps", "executor_tps", "train_tps"):
-        if getattr(args, name) <= 0:
+        v = getattr(args, name)
+        if v is not None and v <= 0:
             raise ConfigValidationError(f"--{name.replace('_', '-')} must be > 0")
-    d = Speeds()
-    custom = (args.generator_tps, args.executor_tps, args.train_tps) != (d.generator_tps, d.executor_tps, d.train_tps)
-    speeds = Speeds(args.generator_tps, args.executor_tps, args.train_tps,
-                    "--generator-tps/--executor-tps/--train-tps" if custom else d.source)
+        if v is not None:
+            given[name] = v
+    speeds = speeds_for_config(cfg, placeholders=frozenset(t.split(":", 1)[0] for t in unset))
+    if given:
+        keep = [w for w in speeds.unknown if not any(f"--{n.replace('_', '-')}" in w for n in given)]
+        speeds = Speeds(**{**{k: getattr(speeds, k) for k in ("generator_tps", "executor_tps", "train_tps")}, **given},
+                        source=speeds.source + "; given: " + ", ".join(f"--{k.replace('_', '-')} {v:g}"
+                                                                       for k, v in given.items()),
+                        unknown=tuple(keep))
     p = plan_from_config(cfg, measured, speeds, first_iteration=args.first_iteration)
     if args.json:
         print(json.dumps({"profile": cfg.profile, "plan": p.as_dict(), "notes": notes,
