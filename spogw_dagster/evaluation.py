@@ -97,9 +97,10 @@ REPORT_SPLITS = {"test": "test", "validation": "val"}
 
 
 def split_problems(benchmark: str, split: str, *, limit: int | None = None, seed: int = 0,
-                   path: str | None = None) -> tuple[list[Problem], dict[str, Any]]:
+                   path: str | None = None, reserve: int = 0) -> tuple[list[Problem], dict[str, Any]]:
     """The first `limit` queries (None: all) of the `test` or `validation` split, and a record of the split
-    (name, seed, sizes, the splits' content hash and a hash of the chosen ids) for report metadata.
+    (name, seed, sizes, the splits' content hash and a hash of the chosen ids) for report metadata. `reserve`
+    leaves the split's last queries out (W4S's feedback queries: a method never scored where it was tuned).
 
     Settings are chosen on `validation`; `test` is held out (the report's default)."""
     from .benchmarks import load_split_problems, make_benchmark_splits
@@ -110,10 +111,13 @@ def split_problems(benchmark: str, split: str, *, limit: int | None = None, seed
     n_train, n_val, n_test = default_split_sizes(benchmark, path=path)
     splits = make_benchmark_splits(benchmark, seed, n_train, n_val, n_test, path=path)
     problems = load_split_problems(splits, REPORT_SPLITS[split], path=path)
+    if reserve:
+        problems = problems[:max(0, len(problems) - reserve)]
     if limit is not None:
         if limit > len(problems):
+            kept = f" ({reserve} more are W4S's feedback queries)" if reserve else ""
             raise ValueError(f"{limit} {split} queries asked for, but the {split} split of {benchmark} has "
-                             f"{len(problems)}; lower the number")
+                             f"{len(problems)}{kept}; lower the number")
         problems = problems[:limit]
     if not problems:
         raise ValueError(f"the {split} split of {benchmark} is empty")

@@ -49,6 +49,9 @@ def test_each_method_changes_only_its_fields():
     assert method_config(cfg, "spogw_no_sharpening").curation.t == 5 // 2
     assert method_overrides("spogw_no_sharpening", 14)["curation"]["t"] == 7
     assert METHODS["spogw_no_sharpening"]["curation"]["t"] is None  # the registry itself is not mutated
+    # the paper's n = 14, t = 4 with w4s's 5 candidates: groups of all 5, t = min(4, 5 // 2) = 2
+    assert method_overrides("w4s", 14, 4)["curation"] == {"m": 5, "n": 5, "t": 2}
+    assert method_overrides("w4s", 4, 1)["curation"] == {"m": 5}  # n <= m already: untouched
 
 
 def test_unknown_method_is_refused_with_the_choices():
@@ -110,7 +113,7 @@ def test_holm_columns_over_the_table_family():
                                    + _rows("rwr", "method", sp_v, sp_r))
     t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6), _run("rwr", 4)], reference="spogw",
                          iteration=1, parent_sha256="P", config_hash="C", split_ids_sha256="S",
-                         resamples=400, seed=0)
+                         resamples=4000, seed=0)
     fam = t.filter(pl.col("p_value").is_not_null())
     metrics = len(tables.RATE_METRICS) + len(tables.MEAN_METRICS)
     assert fam.height == 2 * metrics and set(fam["family_size"].to_list()) == {2 * metrics}  # grpo and rwr
@@ -119,8 +122,10 @@ def test_holm_columns_over_the_table_family():
     assert set(rwr["p_value"].to_list()) == {1.0} and set(rwr["p_holm"].to_list()) == {1.0}
     g = fam.filter((pl.col("method") == "grpo") & (pl.col("metric") == "valid_rate")).row(0, named=True)
     # differences (1,1,1,1,1,1,0,0): no resample of 8 queries has mean <= 0 unless it draws only the last two,
-    # (2/8)^8 ~ 1.5e-5: p = 0 at 400 resamples, and Holm keeps it 0
-    assert g["p_value"] == 0.0 and g["p_holm"] == 0.0
+    # (2/8)^8 ~ 1.5e-5, so k = 0 of B = 4000 and p = 2 (1 + 0) / 4001, never 0; Holm multiplies the smallest
+    # by the family size
+    assert g["p_value"] == pytest.approx(2 / 4001)
+    assert g["p_holm"] == pytest.approx(2 * metrics * 2 / 4001) and g["p_holm"] < 0.05
     assert g["holm_ci_low"] > 0 and g["holm_level"] >= 0.95
     # the Holm interval is never narrower than the 95% one
     assert all(r["holm_ci_low"] <= r["diff_ci_low"] + 1e-12 and r["holm_ci_high"] >= r["diff_ci_high"] - 1e-12
@@ -135,9 +140,9 @@ def test_holm_by_hand():
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1 (2 * 0.5), monotone
     # levels 1 - 0.05/3, 1 - 0.05/1, 1 - 0.05/2 by rank of p
     assert stats.holm_levels([0.01, 0.04, 0.03]) == pytest.approx([1 - 0.05 / 3, 0.95, 1 - 0.05 / 2])
-    # bootstrap p: all differences 0 -> 1; all positive -> 0
+    # bootstrap p: all differences 0 -> 1; all positive -> the floor 2 / (B + 1), never 0
     assert stats.paired_bootstrap_p([[1.0], [1.0]], [[1.0], [1.0]]) == 1.0
-    assert stats.paired_bootstrap_p([[1.0], [1.0], [1.0]], [[0.0], [0.0], [0.0]]) == 0.0
+    assert stats.paired_bootstrap_p([[1.0], [1.0], [1.0]], [[0.0], [0.0], [0.0]], resamples=999) == 2 / 1000
 
 
 def test_methods_are_scored_on_validation_unless_told():

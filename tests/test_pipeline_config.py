@@ -143,3 +143,15 @@ def test_config_is_merged_once_and_travels_resolved(tmp_path):
     cfg = res.config()
     assert cfg.training.beta == 0.05 and cfg.profile == "ci"
     assert cfg == load_config("ci", overrides={"training": {"beta": 0.05}})
+
+
+def test_rwr_reward_counts_only_where_rwr_reads_it():
+    """training.rwr_reward changes no hash of a config or a training run whose objective is not rwr (their
+    finished runs stay recognised); for rwr it does (the reward is a different one)."""
+    spogw = load_config("tiny")
+    assert load_config("tiny", overrides={"training": {"rwr_reward": "score"}}).hash == spogw.hash
+    assert "rwr_reward" not in spogw.training.core(0.5).to_dict()
+    rwr_w4s = load_config("tiny", overrides={"training": {"objective": "rwr"}})
+    rwr_score = load_config("tiny", overrides={"training": {"objective": "rwr", "rwr_reward": "score"}})
+    assert rwr_w4s.hash != rwr_score.hash
+    assert rwr_w4s.training.core(0.5).to_dict()["rwr_reward"] == "w4s"

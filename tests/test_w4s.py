@@ -57,3 +57,19 @@ def test_rwr_weight_of_the_w4s_reward():
     # the trainer weighs a row exp(r / 0.4): W4S's rewards 1, 0.5, 0, -0.1 give e^2.5, e^1.25, 1, e^-0.25
     assert [math.exp(r / 0.4) for r in (1.0, 0.5, 0.0, -0.1)] == pytest.approx(
         [12.182494, 3.490343, 1.0, 0.778801], abs=1e-6)
+
+
+def test_feedback_queries_are_never_scored_on_validation():
+    """W4S picks its states on the feedback queries and shows their answers in its prompts: a validation score
+    that included them would score it where it was tuned. They are the split's last queries, left out."""
+    from spogw_dagster.pipeline.assets.benchmark_report import heldout_problems
+    from spogw_dagster.pipeline.refinement import feedback_problems, reserved_validation
+    from spogw_dagster.pipeline.settings import load_config
+
+    plain = load_config("tiny", overrides={"report": {"split": "validation"}})
+    assert reserved_validation(plain) == 0 and len(heldout_problems(plain)[0]) == 16  # all of HumanEval's
+    for over in ({"comparison": {"objectives": ["spogw", "w4s"]}}, {"refinement": {"turns": 2}}):
+        cfg = load_config("tiny", overrides={"report": {"split": "validation"}, **over})
+        scored = {p.id for p in heldout_problems(cfg)[0]}
+        fb = {p.id for p in feedback_problems(cfg)}
+        assert len(fb) == cfg.refinement.feedback_queries == 2 and len(scored) == 14 and not scored & fb

@@ -32,9 +32,9 @@ __all__ = ["METHODS", "DATA_SECTIONS", "method_overrides", "method_names", "own_
 
 _BETAS = {"0": 0.0, "0.05": 0.05, "0.1": 0.1, "0.2": 0.2}
 
-# Each baseline at its own paper's training settings. ScoreFlow trains with TRL's DPOConfig defaults (its
-# optimize.py sets none of these): lr 1e-6, 1 epoch, per-device batch 1 pair = 2 rows (chosen, rejected). W4S's
-# train.py sets lr 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8).
+# Each baseline at its own paper's training settings. ScoreFlow's optimize.py sets 1 epoch and a per-device
+# batch of 1 pair = 2 rows (chosen, rejected) and keeps DPOConfig's default lr 1e-6. W4S's train.py sets lr
+# 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8).
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
     "score_dpo": {"learning_rate": 1e-6, "epochs": 1, "batch_size": 2},
     "rwr": {"learning_rate": 2e-5, "epochs": 3, "batch_size": 8},
@@ -77,11 +77,18 @@ def method_names() -> list[str]:
     return list(METHODS)
 
 
-def method_overrides(name: str, n: int) -> dict[str, dict[str, Any]]:
-    """The section overrides of method `name` for a loop whose group size is `n`."""
+def method_overrides(name: str, n: int, t: int | None = None) -> dict[str, dict[str, Any]]:
+    """The section overrides of method `name` for a loop whose groups are of `n` with top/bottom `t`. A method
+    that samples fewer than n candidates a query (w4s: 5) gets groups of all of them (its RWR uses no groups;
+    the curation must still be a valid one, e.g. under the paper's n = 14)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     out = {section: dict(fields) for section, fields in METHODS[name].items()}
-    if out.get("curation", {}).get("t", 0) is None:
-        out["curation"]["t"] = n // 2
+    cur = out.get("curation", {})
+    if cur.get("t", 0) is None:
+        cur["t"] = n // 2
+    m = cur.get("m")
+    if m is not None and m < n:
+        cur["n"] = m
+        cur["t"] = min(t if t is not None else n // 2, m // 2)
     return out

@@ -236,6 +236,8 @@ class TrainConfig(ObjectiveConfig):
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
         d["adam_betas"] = list(self.adam_betas)
+        if d.get("objective") != "rwr":  # only rwr reads it: every other run keeps its run hash
+            d.pop("rwr_reward", None)
         return d
 
 

@@ -260,7 +260,7 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     fam = table["family_size"].max() if "family_size" in table.columns else 0
     print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds), scored on "
           f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries; Holm: "
-          f"family-wise error 0.05 over all {fam} paired differences (interval at the rank's level, adjusted p)")
+          f"family-wise error 0.05 over all {fam} paired differences of the methods (interval at the rank's level, adjusted p)")
     print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}"
           f"{'Holm CI':>20}{'p_holm':>8}")
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
@@ -322,7 +322,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if limit is not None and limit < 1:
         raise ConfigValidationError("--limit must be >= 1")
     try:
-        problems, info = split_problems(b.name, args.split, limit=limit, seed=b.split_seed, path=b.data_path)
+        from .refinement import reserved_validation
+
+        problems, info = split_problems(b.name, args.split, limit=limit, seed=b.split_seed, path=b.data_path,
+                                        reserve=reserved_validation(cfg) if args.split == "validation" else 0)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
     policies = [_policy(args.adapter, "checkpoint")]

@@ -135,14 +135,18 @@ def split_problems(cfg) -> list[Finding]:
     wanted = [("benchmark.train_queries", b.train_queries, "train", n_train),
               ("benchmark.heldout_queries", b.heldout_queries, "test", n_test),
               ("benchmark.validation_queries", b.validation_queries, "validation", n_val)]
-    ref = getattr(cfg, "refinement", None)
-    if ref is not None and getattr(ref, "turns", 0) > 1:
-        wanted.append(("refinement.feedback_queries", ref.feedback_queries, "validation", n_val))
+    from .refinement import reserved_validation
+
+    reserved = reserved_validation(cfg)
+    if reserved:  # W4S's feedback queries sit at the end of the validation split and are never scored
+        wanted[2] = ("benchmark.validation_queries + refinement.feedback_queries",
+                     (b.validation_queries or 1) + reserved, "validation", n_val)
     for field, want, split, have in wanted:
         if want is not None and want > have:
             out.append(Finding("benchmark", False,
                                f"{field}={want} but the {split} split of {b.name} has {have} queries "
                                f"(splits: train {n_train}, validation {n_val}, test {n_test})",
+                               f"lower them so that together they are <= {have}" if "+" in field else
                                f"set {field} <= {have}, or pick a benchmark whose {split} split holds {want}"))
     return out
 

@@ -3,7 +3,7 @@
 * turn 0: m candidates per training query from the generator prompt;
 * self-check: a candidate that does not parse gets up to `refinement.repairs` repair attempts, each shown the
   rejected workflow and the validator's error (W4S retries on the traceback, up to 3 times);
-* the environment: every candidate of the turn runs on the first `feedback_queries` of the validation split
+* the environment: every candidate of the turn runs on the last `feedback_queries` of the validation split
   (never the training query, whose answer is the reward); its validation accuracy is the mean answer score;
 * the state advances with the turn's best candidate (`core.w4s.pick_state`); the next turn's prompt shows that
   workflow, its accuracy, up to `failure_cases` failed cases (question, its answer, the expected answer: the
@@ -29,13 +29,21 @@ MAX_CASE_CHARS = 240  # per question / answer in a failure case: the gist, not t
 
 
 def feedback_problems(cfg) -> list[Problem]:
-    """The first `refinement.feedback_queries` of the validation split (disjoint from train and test)."""
+    """The last `refinement.feedback_queries` of the validation split (disjoint from train and test, and left
+    out of every validation score while W4S is in play: `reserved_validation`)."""
     from spogw_dagster.evaluation import split_problems
 
     b = cfg.benchmark
-    problems, _ = split_problems(b.name, "validation", limit=cfg.refinement.feedback_queries, seed=b.split_seed,
-                                 path=b.data_path)
-    return problems
+    problems, _ = split_problems(b.name, "validation", seed=b.split_seed, path=b.data_path)
+    return problems[-cfg.refinement.feedback_queries:]
+
+
+def reserved_validation(cfg) -> int:
+    """How many queries at the end of the validation split are W4S's feedback queries, and so never scored:
+    `refinement.feedback_queries` when turns are on or the comparison trains `w4s`, else 0."""
+    if cfg.refinement.enabled or "w4s" in cfg.comparison.objectives:
+        return cfg.refinement.feedback_queries
+    return 0
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,17 @@ class Run:
     error: str
 
 
+def counted(runs: Sequence[Run]) -> list[Run]:
+    """The runs that say something about the workflow: an executor error (our infrastructure failed) is
+    neither a failure case nor a 0 in the accuracy, as everywhere else (`contracts.EXCLUDED_STATUSES`)."""
+    from spogw_dagster.contracts import EXCLUDED_STATUSES
+
+    excluded = {s.value for s in EXCLUDED_STATUSES}
+    return [r for r in runs if r.status not in excluded]
+
+
 def accuracy(runs: Sequence[Run]) -> float:
+    runs = counted(runs)
     return sum(r.score for r in runs) / len(runs) if runs else 0.0
 
 
@@ -69,6 +87,7 @@ def expected_answer(p: Problem) -> str:
 def feedback_text(runs: Sequence[Run], *, previous: float | None, max_cases: int) -> str:
     """W4S's observation: the validation accuracy, up to `max_cases` failure cases and the change against the
     previous state (`previous`: its accuracy; None at the first turn)."""
+    runs = counted(runs)
     solved = sum(r.score >= 1.0 for r in runs)
     lines = [f"validation accuracy {accuracy(runs):.2f} ({solved}/{len(runs)} example tasks solved)"]
     failed = [r for r in runs if r.score < 1.0][:max_cases]

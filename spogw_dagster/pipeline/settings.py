@@ -285,8 +285,10 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
         d = handler(self)
-        if isinstance(d, dict) and d.get("rwr_reward") == "w4s":  # the default: older configs keep their hash
-            d.pop("rwr_reward")
+        # only rwr reads it: other objectives keep their hash; an rwr config's hash changes with it (its
+        # reward used to be the ladder score, so its old results are not this method's)
+        if isinstance(d, dict) and d.get("objective") != "rwr":
+            d.pop("rwr_reward", None)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
@@ -325,8 +327,8 @@ class ReportSection(_Section):
 class RefinementSection(_Section):
     """W4S's multi-turn optimisation (`pipeline/refinement.py`). With turns = T > 1, sampled_workflows samples m
     candidates per query (turn 0); a candidate that does not parse gets up to `repairs` repair attempts (W4S's
-    self-check); every candidate runs on the first `feedback_queries` queries of the validation split (never
-    the training query, whose answer is the reward); the best by validation accuracy advances the state, and
+    self-check); every candidate runs on the last `feedback_queries` queries of the validation split (never
+    the training query, whose answer is the reward; never scored on validation while W4S is in play); the best by validation accuracy advances the state, and
     turn t samples m candidates from one prompt showing that workflow, its accuracy, up to `failure_cases`
     failures and the change against the previous state. Every turn and repair is a row (turn, parent_sample_idx,
     repair_of, feedback_accuracy), executed and scored like any other. W4S trains with RWR on its

@@ -110,7 +110,7 @@ def scoring_config(cfg: SpogwConfig) -> SpogwConfig:
 
 def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
     """The loop's config with method `name`'s curation/training overrides applied (validated as any config)."""
-    return parse_config(deep_merge(cfg.canonical(), method_overrides(name, cfg.curation.n)))
+    return parse_config(deep_merge(cfg.canonical(), method_overrides(name, cfg.curation.n, cfg.curation.t)))
 
 
 def candidate_rows_sha256(sampled: pl.DataFrame, scores: pl.DataFrame) -> str:
@@ -272,18 +272,21 @@ HOLM_COLUMNS = {"p_value": pl.Float64(), "p_holm": pl.Float64(), "holm_level": p
 
 def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, resamples: int, seed: int,
               alpha: float = 0.05) -> pl.DataFrame:
-    """Family-wise error control over every paired difference of the table (all methods, modes and metrics
-    at once: one family): each difference's two-sided paired-bootstrap p-value, its Holm-adjusted p-value,
-    and its interval at Holm's level for its rank (`core.stats.holm_levels`), with the same resamples as the
-    95% interval. A difference is significant under Holm when p_holm < 0.05, i.e. its Holm interval leaves 0
-    out. `heldout`: the held-out rows with the reference labelled kind "previous"."""
+    """Family-wise error control over every paired difference of a trained method to the reference (all
+    methods, modes and metrics at once: one family; the static baselines' rows are context, not members):
+    each difference's two-sided paired-bootstrap p-value (`stats.paired_bootstrap_p`, never 0), its
+    Holm-adjusted p-value, and its interval at Holm's level for its rank (`core.stats.holm_levels`), with the
+    same resamples as the 95% interval. A difference is significant under Holm when p_holm < 0.05; the Holm
+    interval is the simultaneous interval of the first rank's step (after the first acceptance, intervals and
+    p_holm can disagree). `heldout`: the held-out rows with the reference labelled kind "previous"."""
     from spogw_dagster.contracts import Status
     from spogw_dagster.core import stats
 
     scored = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
     cols = {**tables.RATE_METRICS, **tables.MEAN_METRICS}
     rows = table.with_row_index("_i")
-    family = rows.filter(pl.col("diff_vs_reference").is_not_null() & pl.col("metric").is_in(list(cols)))
+    family = rows.filter(pl.col("diff_vs_reference").is_not_null() & pl.col("metric").is_in(list(cols))
+                         & (pl.col("kind") == "method"))
     members, pairs, ps = [], [], []
     for r in family.iter_rows(named=True):
         mine = scored.filter((pl.col("system") == r["method"]) & (pl.col("mode") == r["mode"]))
@@ -309,7 +312,7 @@ def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
 
     main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
     fam = table["family_size"].max() if "family_size" in table.columns else None
-    lines = [f"Holm: family-wise error 0.05 over all {fam or 0} paired differences of the table; the Holm interval is at "
+    lines = [f"Holm: family-wise error 0.05 over all {fam or 0} paired differences of the trained methods; the Holm interval is at "
              "the level of the difference's rank, p_holm its adjusted p-value.", "",
              "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p_holm |",
              "|---|---|---|---|---|---|---|"]
