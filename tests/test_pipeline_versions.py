@@ -27,7 +27,8 @@ def test_every_module_that_runs_sandbox_files_declares_them():
     code version covers those files only through RUNTIME_FILES."""
     users = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                    if re.search(r"""["']sandbox["']|dockerfile_dir\(\)""", p.read_text()) and p.name != "versions.py")
-    missing = [u for u in users if u not in versions.RUNTIME_FILES and u != "cli.py"]
+    # cli.py and preflight.py only say the word (a subcommand, a check's name); neither runs a sandbox file
+    missing = [u for u in users if u not in versions.RUNTIME_FILES and u not in ("cli.py", "pipeline/preflight.py")]
     assert not missing, f"add {missing} to versions.RUNTIME_FILES"
     files = {str(p.relative_to(PKG.parent)) for p in versions.asset_files("execution_scores")}
     assert {"sandbox/runner.py", "sandbox/solution_host.py", "sandbox/test_host.py"} <= files
