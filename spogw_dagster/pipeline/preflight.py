@@ -160,7 +160,8 @@ def _benchmark(cfg, **_) -> list[Finding]:
     try:
         problems = split_problems(cfg)
     except (BenchmarkDataError, ValueError) as e:
-        return [Finding("benchmark", False, f"benchmark {b.name!r}: {e}",
+        what = str(e) if str(e).startswith("benchmark ") else f"benchmark {b.name!r}: {e}"
+        return [Finding("benchmark", False, what,
                         "point benchmark.data_path at the benchmark's standard file (or fix the file)")]
     if problems:
         return problems
@@ -275,8 +276,7 @@ def _sandbox(cfg, **_) -> list[Finding]:
 
 
 def _assets(cfg, *, assets_dir, **_) -> list[Finding]:
-    from .commands import storage_trouble
-    from .storage import default_assets_dir
+    from .storage import default_assets_dir, storage_trouble
 
     root = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
     trouble = storage_trouble(root)

@@ -176,17 +176,18 @@ def storage_error_text(e: OSError) -> str:
 def storage_trouble(assets_dir) -> str | None:
     """Why the assets directory's file system cannot take writes now (read-only, or under 1 MiB free), with the
     fix; None when it can."""
-    p = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
-    while not p.exists() and p != p.parent:
+    given = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
+    p = given
+    while not p.exists() and p != p.parent:  # the file system it would be created on
         p = p.parent
     try:
         st = os.statvfs(p)
     except OSError:
         return None
     if st.f_flag & os.ST_RDONLY:
-        err = OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
+        err = OSError(errno.EROFS, os.strerror(errno.EROFS), str(given))
     elif st.f_bavail * st.f_frsize < 1 << 20:
-        err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+        err = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(given))
     else:
         return None
     return storage_error_text(err)
