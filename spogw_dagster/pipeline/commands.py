@@ -325,7 +325,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         from .refinement import reserved_validation
 
         problems, info = split_problems(b.name, args.split, limit=limit, seed=b.split_seed, path=b.data_path,
-                                        reserve=reserved_validation(cfg) if args.split == "validation" else 0)
+                                        reserve=reserved_validation(cfg, args.split))
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
     policies = [_policy(args.adapter, "checkpoint")]

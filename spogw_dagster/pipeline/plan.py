@@ -24,22 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .preflight import load_config_for_plan  # noqa: F401  (re-exported: its old home)
-
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
-           "plan_from_config", "measure_assets", "format_plan", "load_config_for_plan"]
-
-
-@dataclass(frozen=True)
-class Speeds:
-    """Backend throughputs in tokens per second (generated tokens for sampling and the executor, trained
-    completion tokens for training); None where nothing was measured for the target (no time is guessed)."""
-
-    generator_tps: float | None = 65.0  # transformers batched generation, batch 8-16, 2 CPU cores (measured)
-    executor_tps: float | None = 77.0  # llama.cpp single stream on the bundled GGUF (measured)
-    train_tps: float | None = 80.0  # LoRA r=8 step, fwd+bwd plus a reference forward (measured)
-    source: str = "measured on 2 CPU cores with SmolLM2-135M"
-    unknown: tuple[str, ...] = ()  # why each None is unknown
+           "plan_from_config", "measure_assets", "format_plan"]
 
 
 # Measured on this project's 2-core CPU machine (x86-64, no GPU). Generator and training: transformers on CPU,
@@ -64,12 +50,26 @@ CPU_EXECUTOR_TPS = {
 }
 
 
+@dataclass(frozen=True)
+class Speeds:
+    """Backend throughputs in tokens per second (generated tokens for sampling and the executor, trained
+    completion tokens for training); None where nothing was measured for the target (no time is guessed).
+    The defaults: SmolLM2 on 2 CPU cores (the tables above)."""
+
+    generator_tps: float | None = CPU_GENERATOR_TPS["smollm2"][0]
+    executor_tps: float | None = CPU_EXECUTOR_TPS["smollm2"][0]
+    train_tps: float | None = CPU_TRAIN_TPS["smollm2"][0]
+    source: str = "measured on 2 CPU cores with SmolLM2-135M"
+    unknown: tuple[tuple[str, str], ...] = ()  # (speed field, why it is unknown) for each None
+
+
 def speeds_for_config(cfg: Any, gpu: bool | None = None, placeholders: frozenset[str] = frozenset()) -> Speeds:
     """The measured speeds of the config's targets: a bundled generator on the CPU path (transformers, or
     `auto` where this machine has no GPU) and the embedded executor on a bundled model. Anything else (a GPU,
     a model folder, an endpoint, a field whose ${VAR} is unset) is None with the reason: the plan then gives
     counts, not a time."""
     from spogw_dagster import bundled_models as bm
+    from spogw_dagster.models import DEFAULT_MODEL
 
     g, e = cfg.generator, cfg.executor
     if gpu is None and g.backend == "auto":
@@ -81,23 +81,28 @@ def speeds_for_config(cfg: Any, gpu: bool | None = None, placeholders: frozenset
             gpu = False
     on_gpu = g.backend == "vllm" or (g.backend == "auto" and bool(gpu))
     gen = bm.find(g.model)
-    unknown, sources = [], []
+    unknown: list[tuple[str, str]] = []
+    sources: list[str] = []
     gen_tps = train_tps = exec_tps = None
     if on_gpu:
-        unknown.append("generator and training on a GPU: not measured here (bench/gpu_check.py prints gen_tps and "
-                       "train_tps; pass them as --generator-tps/--train-tps)")
+        why = ("generator and training on a GPU: not measured here (bench/gpu_check.py prints gen_tps and "
+               "train_tps; pass them as --generator-tps/--train-tps)")
     elif "generator.model" in placeholders:
-        unknown.append("generator: generator.model is unset (pass --generator-tps/--train-tps)")
+        why = "generator: generator.model is unset (pass --generator-tps/--train-tps)"
     elif gen is None or gen.alias not in CPU_GENERATOR_TPS:
-        unknown.append(f"generator {g.model!r} on CPU: no measurement for this model (pass --generator-tps/--train-tps)")
+        why = f"generator {g.model!r} on CPU: no measurement for this model (pass --generator-tps/--train-tps)"
     else:
+        why = ""
         (gen_tps, gs), (train_tps, ts) = CPU_GENERATOR_TPS[gen.alias], CPU_TRAIN_TPS[gen.alias]
         sources += [f"generator {gs}", f"training {ts}"]
-    ex = bm.find(e.model or "smollm2") if not e.endpoints() else None
+    if why:
+        unknown += [("generator_tps", why), ("train_tps", why)]
+    ex = None if e.endpoints() else bm.find(e.model or DEFAULT_MODEL)
     if e.endpoints():
-        unknown.append("executor endpoint: its speed depends on its hardware and load (pass --executor-tps)")
+        unknown.append(("executor_tps", "executor endpoint: its speed depends on its hardware and load "
+                                        "(pass --executor-tps)"))
     elif ex is None or ex.alias not in CPU_EXECUTOR_TPS:
-        unknown.append(f"executor {e.model!r}: no measurement for this model (pass --executor-tps)")
+        unknown.append(("executor_tps", f"executor {e.model!r}: no measurement for this model (pass --executor-tps)"))
     else:
         exec_tps, xs = CPU_EXECUTOR_TPS[ex.alias]
         sources.append(f"executor {xs}")
@@ -329,7 +334,7 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
     lines.append(f"  wall time : sampling {at(p.generator_s, sp.generator_tps)}, executor "
                  f"{at(p.executor_s, sp.executor_tps)}, training {train}, report {report}; {tail}")
     lines.append(f"  speeds    : {sp.source}")
-    for why in sp.unknown:
+    for why in dict.fromkeys(why for _, why in sp.unknown):  # one line per reason, in order
         lines.append(f"  unknown   : {why}")
     return "\n".join(lines)
 
@@ -374,8 +379,8 @@ def plan_command(args: Any) -> int:
     problems = [f for f in findings if not f.ok]
     if problems:
         raise PreflightError(problems)
-    unset = [f.text for f in findings if f.check == "config" and "is not set" in f.text]
-    notes = [f"{t}: a placeholder for this plan (no count depends on it)" for t in unset]
+    unset = [f for f in findings if f.unset]
+    notes = [f"{f.text}: a placeholder for this plan (no count depends on it)" for f in unset]
     root = Path(args.assets_dir).expanduser() if args.assets_dir else default_assets_dir()
     if args.assets_dir and not Path(root).is_dir():
         raise ConfigValidationError(f"--assets-dir {root} does not exist")
@@ -387,9 +392,9 @@ def plan_command(args: Any) -> int:
             raise ConfigValidationError(f"--{name.replace('_', '-')} must be > 0")
         if v is not None:
             given[name] = v
-    speeds = speeds_for_config(cfg, placeholders=frozenset(t.split(":", 1)[0] for t in unset))
+    speeds = speeds_for_config(cfg, placeholders=frozenset(f.unset for f in unset))
     if given:
-        keep = [w for w in speeds.unknown if not any(f"--{n.replace('_', '-')}" in w for n in given)]
+        keep = [(k, why) for k, why in speeds.unknown if k not in given]
         speeds = Speeds(**{**{k: getattr(speeds, k) for k in ("generator_tps", "executor_tps", "train_tps")}, **given},
                         source=speeds.source + "; given: " + ", ".join(f"--{k.replace('_', '-')} {v:g}"
                                                                        for k, v in given.items()),

@@ -37,11 +37,27 @@ class Finding:
     ok: bool
     text: str
     fix: str = ""
+    unset: str = ""  # the config field whose ${VAR} is unset (a placeholder holds it), else ""
+
+    @property
+    def said(self) -> str:
+        return self.text + (f". Fix: {self.fix}" if self.fix else "")
 
     def line(self) -> str:
-        if self.ok:
-            return f"ok    {self.check:<10} {self.text}"
-        return f"FAIL  {self.check:<10} {self.text}" + (f". Fix: {self.fix}" if self.fix else "")
+        return f"{'ok' if self.ok else 'FAIL':<6}{self.check:<10} {self.said}"
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """A field naming an unset environment variable, and the value that stands in for it."""
+
+    field: str
+    name: str
+    value: Any
+
+    @property
+    def note(self) -> str:
+        return f"${self.name} is not set: {self.field} = {self.value!r} for this plan (no count depends on it)"
 
 
 class PreflightError(ConfigValidationError):
@@ -55,7 +71,7 @@ class PreflightError(ConfigValidationError):
 def problems_text(problems: Sequence[Finding]) -> str:
     n = len(problems)
     head = f"preflight found {n} problem{'s' if n != 1 else ''}; nothing was run or written:"
-    return "\n".join([head] + [f"  - {p.check}: {p.text}" + (f". Fix: {p.fix}" if p.fix else "") for p in problems])
+    return "\n".join([head] + [f"  - {p.check}: {p.said}" for p in problems])
 
 
 def preflight(profile: str | None, config_file: str | None, overrides: Mapping[str, Any] | None = None, *,
@@ -65,15 +81,14 @@ def preflight(profile: str | None, config_file: str | None, overrides: Mapping[s
     rule) and is a note, not a problem; the checks of fields holding a placeholder are skipped."""
     findings: list[Finding] = []
     try:
-        cfg, notes = load_config_for_plan(profile, config_file, overrides)
+        cfg, stand_ins = load_with_placeholders(profile, config_file, overrides)
     except ConfigValidationError as e:
         return None, [Finding("config", False, str(e).rstrip("."), "correct the field(s) named above")]
-    placeholders = {n.split(": ", 1)[1].split(" = ", 1)[0] for n in notes}
-    for n in notes:
-        name = n.split(" ", 1)[0].lstrip("$")
-        field = n.split(": ", 1)[1].split(" = ", 1)[0]
-        findings.append(Finding("config", allow_unset_env, f"{field}: environment variable {name} is not set",
-                                "" if allow_unset_env else f"export {name}=... (see the profile's docs)"))
+    placeholders = {ph.field for ph in stand_ins}
+    for ph in stand_ins:
+        findings.append(Finding("config", allow_unset_env, f"{ph.field}: environment variable {ph.name} is not set",
+                                "" if allow_unset_env else f"export {ph.name}=... (see the profile's docs)",
+                                unset=ph.field))
     if not any(not f.ok for f in findings):
         findings.append(Finding("config", True, f"profile {cfg.profile}, config hash {cfg.hash[:12]}"))
     for check in checks:
@@ -97,16 +112,23 @@ _MISSING_ENV = re.compile(r"(?P<where>[\w.]+): environment variable (?P<name>\w+
 
 def load_config_for_plan(profile: str | None, config_file: str | None,
                          overrides: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+    """`load_with_placeholders` with the placeholders as notes."""
+    cfg, stand_ins = load_with_placeholders(profile, config_file, overrides)
+    return cfg, [ph.note for ph in stand_ins]
+
+
+def load_with_placeholders(profile: str | None, config_file: str | None,
+                           overrides: Mapping[str, Any] | None = None) -> tuple[Any, list[Placeholder]]:
     """`load_config`, except that a field naming an unset environment variable (the `paper` profile's
     ${SPOGW_GENERATOR_MODEL}, ${SPOGW_EXECUTOR_URL}, ...) gets a placeholder: none of them changes a count.
-    Returns (config, notes on the placeholders)."""
+    Returns (config, the placeholders)."""
     from .settings import deep_merge, load_config
 
     over: dict[str, Any] = dict(overrides or {})
-    notes: list[str] = []
+    stand_ins: list[Placeholder] = []
     for _ in range(16):
         try:
-            return load_config(profile, config_file, over), notes
+            return load_config(profile, config_file, over), stand_ins
         except ConfigValidationError as e:
             m = _MISSING_ENV.search(str(e))
             if not m or "[" in m.group("where"):
@@ -118,7 +140,7 @@ def load_config_for_plan(profile: str | None, config_file: str | None,
             for part in reversed(where[:-1]):
                 patch = {part: patch}
             over = deep_merge(over, patch)
-            notes.append(f"${name} is not set: {'.'.join(where)} = {value!r} for this plan (no count depends on it)")
+            stand_ins.append(Placeholder(".".join(where), name, value))
     raise ConfigValidationError("too many unset environment variables in the config")
 
 
@@ -217,7 +239,9 @@ def _executor(cfg, *, placeholders, timeout_s: float, **_) -> list[Finding]:
     e = cfg.executor
     urls = e.endpoints()
     if not urls:
-        out = [_model_file("executor", e.model or "smollm2", hf_folder_ok=False)]
+        from spogw_dagster.models import DEFAULT_MODEL
+
+        out = [_model_file("executor", e.model or DEFAULT_MODEL, hf_folder_ok=False)]
         from spogw_dagster.executors.llama_runtime import RuntimeMissingError, find_runtime
 
         try:

@@ -38,10 +38,10 @@ def feedback_problems(cfg) -> list[Problem]:
     return problems[-cfg.refinement.feedback_queries:]
 
 
-def reserved_validation(cfg) -> int:
-    """How many queries at the end of the validation split are W4S's feedback queries, and so never scored:
-    `refinement.feedback_queries` when turns are on or the comparison trains `w4s`, else 0."""
-    if cfg.refinement.enabled or "w4s" in cfg.comparison.objectives:
+def reserved_validation(cfg, split: str = "validation") -> int:
+    """How many queries at the end of `split` are W4S's feedback queries, and so never scored: on the
+    validation split, `refinement.feedback_queries` when turns are on or the comparison trains `w4s`; else 0."""
+    if split == "validation" and (cfg.refinement.enabled or "w4s" in cfg.comparison.objectives):
         return cfg.refinement.feedback_queries
     return 0
 

@@ -67,7 +67,7 @@ def check_benchmark_data(cfg: SpogwConfig) -> None:
 
         split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else b.validation_queries,
                        seed=b.split_seed, path=b.data_path,
-                       reserve=reserved_validation(cfg) if rep.split == "validation" else 0)
+                       reserve=reserved_validation(cfg, rep.split))
     except (BenchmarkDataError, ValueError) as e:
         fix = ("point benchmark.data_path at the benchmark's standard file (or fix the file); nothing was written"
                if isinstance(e, BenchmarkDataError) else "lower the count or pick another split; nothing was written")

@@ -71,7 +71,7 @@ def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
     try:
         return split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else
                               b.validation_queries, seed=b.split_seed, path=b.data_path,
-                              reserve=reserved_validation(cfg) if rep.split == "validation" else 0)
+                              reserve=reserved_validation(cfg, rep.split))
     except ValueError as e:
         raise dg.Failure(description=f"report.split={rep.split}: {e}", allow_retries=False) from None
 
