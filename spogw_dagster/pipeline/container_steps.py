@@ -353,7 +353,7 @@ def _removing_containers(remove: bool):
 
 def run_loop_in_containers(profile: str | None = None, config_file: str | None = None, iterations: int | None = None,
                            assets_dir: str | os.PathLike[str] | None = None, force: bool = False,
-                           out: TextIO = sys.stdout, keep_containers: bool = False) -> list[dict[str, Any]]:
+                           out: TextIO | None = None, keep_containers: bool = False) -> list[dict[str, Any]]:
     """`spogw run` with every step in its own container: iteration k = one `execute_job` of the iteration job
     for partition k, orchestrated here (docker_executor), against the persistent instance of the assets dir.
     Returns one dict per iteration: key, status, wall_s, run_id, containers (what step_containers said of those
@@ -362,6 +362,7 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     from .settings import load_config
     from .storage import default_assets_dir
 
+    out = out or sys.stdout
     cfg = load_config(profile, config_file, {"iterations": iterations} if iterations is not None else None)
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     saved = {k: os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE",

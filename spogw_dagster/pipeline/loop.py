@@ -308,7 +308,7 @@ def run_loop(
     iterations: int | None = None,
     assets_dir: str | os.PathLike[str] | None = None,
     force: bool = False,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     instance=None,
     log_level: str = "WARNING",
     overrides: dict | None = None,
@@ -317,6 +317,8 @@ def run_loop(
 
     from .preflight import require
 
+    # sys.stdout at call time, not at import: a default bound at import writes past whatever replaced it since
+    out = out or sys.stdout
     overrides = {**(overrides or {}), **({"iterations": iterations} if iterations is not None else {})}
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     cfg = require(profile, config_file, overrides or None, assets_dir=root)  # what `spogw check` prints
@@ -577,13 +579,14 @@ def summary_table(store: AssetStore, iterations: int) -> str:
 
 
 def run_seeds(profile: str | None, config_file: str | None, iterations: int | None, assets_dir, seeds: list[int],
-              force: bool = False, out: TextIO = sys.stdout, log_level: str = "WARNING") -> list[IterationOutcome]:
+              force: bool = False, out: TextIO | None = None, log_level: str = "WARNING") -> list[IterationOutcome]:
     """The loop once per training seed, each in `<assets>/seed-<s>` (one call cache for all), then the last
     checkpoint's answer score against the base and the best baseline per seed and across seeds
     (`<assets>/seeds_summary.parquet`)."""
     from .headline import headline, seed_overrides, seed_table, seed_table_text
     from .storage import write_parquet_atomic
 
+    out = out or sys.stdout
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     root.mkdir(parents=True, exist_ok=True)
     outcomes: list[IterationOutcome] = []
@@ -605,7 +608,7 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
 
 
 def run_comparison(profile: str | None, config_file: str | None, iteration: int, objectives: list[str] | None,
-                   assets_dir: str | os.PathLike[str] | None = None, out: TextIO = sys.stdout, instance=None,
+                   assets_dir: str | os.PathLike[str] | None = None, out: TextIO | None = None, instance=None,
                    split: str | None = None):
     """Materialize objective_comparison for one iteration (its report must exist) against the persistent
     instance, as `spogw run` would; returns the comparison frame. `objectives` overrides comparison.objectives
@@ -616,6 +619,7 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     from .preflight import require
     from .settings import ConfigValidationError
 
+    out = out or sys.stdout
     over = {k: v for k, v in (("objectives", objectives), ("split", split)) if v}
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     cfg = require(profile, config_file, {"comparison": over} if over else None, assets_dir=root)
