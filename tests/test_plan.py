@@ -129,3 +129,13 @@ def test_plan_of_the_paper_profile_guesses_no_time(capsys, monkeypatch, tmp_path
                  "--train-tps", "1000", "--executor-tps", "5000"]) == 0
     out = capsys.readouterr().out
     assert "total ≈" in out and "given: --generator-tps 2000" in out and "unknown" not in out
+
+
+def test_plan_names_the_training_processes():
+    from spogw_dagster.pipeline.settings import load_config
+
+    one = plan_from_config(load_config("ci"))
+    two = plan_from_config(load_config("ci", None, {"training": {"processes": 2}}))
+    assert (one.processes, two.processes) == (1, 2)
+    assert (one.steps, one.training_rows) == (two.steps, two.training_rows)  # the same global batch, split
+    assert "on 2 processes" in format_plan(two) and "processes" not in format_plan(one)

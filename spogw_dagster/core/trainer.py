@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
+from spogw_dagster.core.distributed import SINGLE, Dist, from_environment
 from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
@@ -522,9 +523,11 @@ def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
     return f
 
 
-def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device, attr: str, disable_adapter: bool) -> None:
+def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device, attr: str, disable_adapter: bool,
+                dist: Dist = SINGLE) -> None:
     """No-grad per-token log-probs of every item into `item.<attr>`, batch_size rows at a time (rows of one
-    prompt together when shared_prompt, else rows of similar length together)."""
+    prompt together when shared_prompt, else rows of similar length together). Across processes each rank
+    runs its share of the batches and every rank gets all rows' numbers."""
     import contextlib
 
     import torch
@@ -538,13 +541,17 @@ def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device
         order = [by_length[i] for i in rows_by_prompt([x.prompt_ids for x in by_length])]
     else:
         order = sorted(items, key=lambda x: len(x.prompt_ids) + len(x.completion_ids))
+    chunks = [order[s : s + bs] for s in range(0, len(order), bs)]
+    mine: dict[int, list[float]] = {}
     with torch.no_grad(), ctx:
-        for s in range(0, len(order), bs):
-            chunk = order[s : s + bs]
+        for chunk in dist.shard(chunks):
             b = build_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id, cfg.shared_prompt)
             lp = completion_logprobs(model, b.to(device), cfg.logprob_T).cpu()
             for j, x in enumerate(chunk):
-                setattr(x, attr, lp[j, : len(x.completion_ids)].tolist())
+                mine[x.idx] = lp[j, : len(x.completion_ids)].tolist()
+    got = {i: v for part in dist.gather(mine) for i, v in part.items()}
+    for x in items:
+        setattr(x, attr, got[x.idx])
 
 
 def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: int, device):
@@ -628,38 +635,37 @@ def train_lora(
     """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`.
 
     Stages: identify the run (and reuse an identical finished one) → tokenize → π_old / π_ref → the trainable
-    adapter → optimize → (optionally) how the log-probs moved → save."""
+    adapter → optimize → (optionally) how the log-probs moved → save.
+
+    Started N times by `accelerate launch` (`core.train_launch`), the processes train one adapter together
+    (`core.distributed`: micro-batches sharded, gradients summed); rank 0 alone logs and writes the folder,
+    and the run hash is the 1-process run's (the number of processes is not part of what is trained)."""
     import torch
 
-    from spogw_dagster.models import check_adapter_folder, load_model_and_tokenizer, resolve_model
+    from spogw_dagster.models import load_model_and_tokenizer
 
     cfg = cfg or TrainConfig()
-    exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
-    if not exs:
-        raise ValueError("no training examples; fix: check that curation kept at least one group")
-    out = Path(output_dir).expanduser().resolve()
-    folder = resolve_model(base_model)
-    prev = check_adapter_folder(previous_adapter) if previous_adapter is not None else None
-    if prev is not None and cfg.init == "continue":
-        _check_previous_matches(prev, cfg)
-    hashes = run_hashes(cfg, exs, folder, prev)
+    exs, out, folder, prev, hashes = identify_run(examples, cfg, output_dir, base_model, previous_adapter)
     run_hash = _sha(hashes)
     if reuse_existing and (done := _finished_run(out, run_hash)) is not None:
         return TrainResult(out, done, reused=True)
 
     t_start = time.perf_counter()
-    device = _device(cfg)
+    dist = from_environment(cpu=_device(cfg).type == "cpu")
+    device = _device(cfg, dist)
+    if not dist.main:  # one voice: rank 0 reports for all
+        log = progress = None
     torch.manual_seed(cfg.seed)
     model, tok = load_model_and_tokenizer(folder, dtype=cfg.dtype)
     model.to(device)
     items = _tokenize(exs, tok, cfg)
     rows = _aggregate(items) if cfg.aggregates else items  # what the passes and the optimizer run on
     t0 = time.perf_counter()
-    model = _reference_passes(model, rows, prev, cfg, tok.pad_token_id, device)
+    model = _reference_passes(model, rows, prev, cfg, tok.pad_token_id, device, dist)
     precompute_s = time.perf_counter() - t0
     model, params = _trainable_adapter(model, prev, cfg, device)
-    run = _optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress)
-    per_example, moved = (_log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items)
+    run = _optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist)
+    per_example, moved = (_log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
                           if cfg.eval_after else ([], {}))
     stats = {
         "run_hash": run_hash,
@@ -677,12 +683,39 @@ def train_lora(
             "logprob_temperature": cfg.logprob_T,
             "total_seconds": round(time.perf_counter() - t_start, 3),
             "device": str(device),
+            "processes": dist.world,
             **moved,
         },
         "examples": per_example,
     }
-    _save_adapter(model, out, folder, stats)
+    if dist.main:
+        _save_adapter(model, out, folder, stats)
+    dist.barrier()  # the other ranks return once the folder is in place
+    if not dist.main:
+        stats = json.loads((out / STATS_FILE).read_text())
     return TrainResult(out, stats)
+
+
+def identify_run(examples, cfg: TrainConfig, output_dir, base_model, previous_adapter):
+    """The validated inputs of a run and what identifies it: (examples, output folder, base model folder,
+    previous adapter folder or None, run_hashes)."""
+    from spogw_dagster.models import check_adapter_folder, resolve_model
+
+    exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
+    if not exs:
+        raise ValueError("no training examples; fix: check that curation kept at least one group")
+    out = Path(output_dir).expanduser().resolve()
+    folder = resolve_model(base_model)
+    prev = check_adapter_folder(previous_adapter) if previous_adapter is not None else None
+    if prev is not None and cfg.init == "continue":
+        _check_previous_matches(prev, cfg)
+    return exs, out, folder, prev, run_hashes(cfg, exs, folder, prev)
+
+
+def finished_run(examples, cfg: TrainConfig, output_dir, base_model, previous_adapter) -> dict[str, Any] | None:
+    """The stats of the identical finished run in `output_dir` (what `train_lora` would reuse), else None."""
+    _, out, _, _, hashes = identify_run(examples, cfg, output_dir, base_model, previous_adapter)
+    return _finished_run(out, _sha(hashes))
 
 
 def run_hashes(cfg: TrainConfig, exs: Sequence[TrainExample], folder: Path, prev: Path | None) -> dict[str, Any]:
@@ -708,15 +741,18 @@ def _finished_run(out: Path, run_hash: str) -> dict[str, Any] | None:
     return old_stats
 
 
-def _device(cfg: TrainConfig):
+def _device(cfg: TrainConfig, dist: Dist = SINGLE):
+    """The configured device; with several processes on CUDA, this process's own GPU (its local rank)."""
     import torch
 
-    if cfg.device != "auto":
-        return torch.device(cfg.device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and dist.world > 1:
+        return torch.device("cuda", dist.local_rank)
+    return dev
 
 
-def _reference_passes(model, items: list[_Item], prev: Path | None, cfg: TrainConfig, pad_id: int, device):
+def _reference_passes(model, items: list[_Item], prev: Path | None, cfg: TrainConfig, pad_id: int, device,
+                      dist: Dist = SINGLE):
     """π_old and π_ref under no_grad, with the policy that produced the data (the previous adapter loaded as a
     frozen adapter named "previous"). Fills each item's `old` / `ref`; returns the (possibly wrapped) model."""
     from peft import PeftModel
@@ -727,16 +763,16 @@ def _reference_passes(model, items: list[_Item], prev: Path | None, cfg: TrainCo
     model.eval()
     need_old = cfg.needs_old and cfg.old_logprobs == "recompute"
     if need_old:  # π_old = π_k−1: the previous adapter active (or the plain base model)
-        _precompute(model, items, pad_id, cfg, device, "old", disable_adapter=False)
+        _precompute(model, items, pad_id, cfg, device, "old", disable_adapter=False, dist=dist)
     if cfg.needs_ref:
         if cfg.ref_mode == "previous" or prev is None:  # π_ref = π_k−1 (without a previous adapter: the base)
             if need_old:
                 for it in items:
                     it.ref = it.old
             else:
-                _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=False)
+                _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=False, dist=dist)
         else:  # π_ref = base: the previous adapter disabled
-            _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=True)
+            _precompute(model, items, pad_id, cfg, device, "ref", disable_adapter=True, dist=dist)
     if cfg.needs_ref and any(it.ref is None for it in items):  # pragma: no cover - internal consistency
         raise RuntimeError("reference log-probs missing after precompute")
     return model
@@ -789,7 +825,7 @@ class _Run:
 
 def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, device,
               log: Callable[[dict[str, Any]], None] | None,
-              progress: Callable[[str], None] | None = None) -> _Run:
+              progress: Callable[[str], None] | None = None, dist: Dist = SINGLE) -> _Run:
     """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows.
     `progress` gets a line as each step starts and ends (what a watcher, or the fault suite, waits on)."""
     import torch
@@ -810,7 +846,8 @@ def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, 
             where = f"optimizer step {len(run.steps) + 1}/{total_steps} (epoch {epoch + 1}/{cfg.epochs})"
             if progress is not None:
                 progress(f"{where} started")
-            st = _optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, ocfg, pad_id, device)
+            st = _optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, ocfg, pad_id, device,
+                                 dist)
             st = {"step": len(run.steps), "epoch": epoch, "lr": sched.get_last_lr()[0], **st}
             opt.step()
             sched.step()
@@ -825,11 +862,13 @@ def _optimize(model, params, items: list[_Item], cfg: TrainConfig, pad_id: int, 
 
 
 def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConfig, ocfg: ObjectiveConfig,
-                    pad_id: int, device) -> dict[str, Any]:
+                    pad_id: int, device, dist: Dist = SINGLE) -> dict[str, Any]:
     """Gradients of one optimizer step (each micro-batch's loss weighted by its share of the rows), clipped.
 
     A row's share is its `count` (the per-group rows a unique-workflow row stands for; 1 otherwise), so the step
-    averages over the per-group rows it represents, as the loss does within a micro-batch."""
+    averages over the per-group rows it represents, as the loss does within a micro-batch. Across processes
+    each rank runs its share of the step's micro-batches (weighted by their share of the whole step) and the
+    gradients, metrics and token counts are summed over the ranks before clipping (`core.distributed`)."""
     import torch
 
     rows_in_step = sum(x.count for b in group for x in b)
@@ -837,7 +876,7 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
     opt.zero_grad(set_to_none=True)
     acc: dict[str, float] = {}
     tokens = 0
-    for mb in group:
+    for mb in dist.shard(group):
         logp, cb = _micro_batch_logprobs(model, mb, cfg, pad_id, device)
         res = _micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
         w = sum(x.count for x in mb) / rows_in_step
@@ -845,6 +884,11 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
         for k, v in res.metrics().items():
             acc[k] = acc.get(k, 0.0) + w * float(v)
         tokens += int(cb.completion_mask.sum())
+    dist.sum_gradients(params)
+    if dist.world > 1:
+        summed = dist.sum_numbers({**acc, "__tokens": float(tokens)})
+        tokens = int(summed.pop("__tokens"))
+        acc = summed
     grad_norm = torch.nn.utils.clip_grad_norm_(
         params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
     )
@@ -859,12 +903,12 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
 
 
 def _log_prob_shift(model, items: list[_Item], cfg: TrainConfig, pad_id: int, device,
-                    all_items: list[_Item] | None = None):
+                    all_items: list[_Item] | None = None, dist: Dist = SINGLE):
     """One more no-grad pass: each example's mean log-prob before and after training, and the mean change for
     positive- and negative-advantage rows. Returns (per-example rows, summary entries). `items` are the rows
     trained on; with unique-workflow rows, `all_items` are the examples they stand for (one entry each)."""
     model.eval()
-    _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False)
+    _precompute(model, items, pad_id, cfg, device, "final", disable_adapter=False, dist=dist)
     if all_items is not None and all_items is not items:
         by_idx = {it.idx: it for it in all_items}
         for u in items:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import ctypes
 import dataclasses
 import logging
 import os
@@ -46,6 +45,7 @@ from typing import Any
 
 import httpx
 
+from ..children import die_with_parent
 from ..contracts import ChatResult, SamplingParams
 from ..fsutil import file_sha256
 from .base import ExecutorError, RequestFaultError
@@ -64,15 +64,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-try:  # resolved here, in the parent: dlopen in a forked child of a threaded process can deadlock
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+_die_with_parent = die_with_parent(signal.SIGKILL)
 
 
 def describe_exit(returncode: int | None) -> str:

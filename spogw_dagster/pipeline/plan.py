@@ -179,6 +179,7 @@ class IterationPlan:
     train_s: float | None = 0.0
     train_unique_s: float | None = 0.0
     report_s: float | None = 0.0
+    processes: int = 1  # training.processes: a step's micro-batches dealt to this many processes
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,7 +193,7 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
                    max_llm_calls: int, executor_max_tokens: int, batch_size: int, grad_accum: int = 1,
                    epochs: int = 1, heldout: int = 0, report_greedy: bool = True, report_samples: int = 0,
                    first_iteration: bool = False, measured: Measured | None = None,
-                   speeds: Speeds | None = None) -> IterationPlan:
+                   speeds: Speeds | None = None, processes: int = 1) -> IterationPlan:
     """The work of one iteration (module docstring). Measured averages replace the caps where given."""
     ms = measured or Measured()
     sp = speeds or Speeds()
@@ -223,7 +224,7 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
         executor_prompt_tokens=None if pt is None else calls * pt,
         groups_per_query=g, rows_per_query=rows_q, unique_per_query=uniq_q, training_rows=rows,
         training_rows_unique=uniq, steps=_steps(rows, batch_size, grad_accum, epochs),
-        steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs,
+        steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs, processes=processes,
         report_workflows=report_wf, report_executor_calls=report_calls,
         speeds=sp,
         generator_s=_per(gen_tokens, sp.generator_tps),
@@ -249,7 +250,8 @@ def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds 
         max_llm_calls=cfg.executor.max_llm_calls, executor_max_tokens=cfg.executor.max_tokens,
         batch_size=tr.batch_size, grad_accum=getattr(tr, "grad_accum", 1), epochs=tr.epochs,
         heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
-        first_iteration=first_iteration, measured=measured, speeds=speeds)
+        first_iteration=first_iteration, measured=measured, speeds=speeds,
+        processes=getattr(tr, "processes", 1))
 
 
 def measure_assets(root: str | Path) -> Measured | None:
@@ -313,7 +315,9 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
     lines.append(f"  training  : {_n(p.rows_per_query)} rows per query ({p.groups_per_query} groups x 2t = {2 * p.t}),"
                  f" {_n(p.training_rows)} rows, {_n(p.steps)} optimizer steps over {p.epochs} epoch(s); after "
                  f"unique-workflow aggregation <= {p.unique_per_query} per query (<= m), {_n(p.training_rows_unique)} "
-                 f"rows, {_n(p.steps_unique)} steps")
+                 f"rows, {_n(p.steps_unique)} steps"
+                 + (f"; on {p.processes} processes (accelerate launch; a training speed is the whole job's)"
+                    if p.processes > 1 else ""))
     lines.append(f"  report    : {_n(p.report_workflows)} held-out workflows, {_n(p.report_executor_calls)} executor "
                  f"calls (same per-workflow calls)")
     sp = p.speeds

@@ -271,7 +271,11 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
 
 class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  # type: ignore[misc]
     """The fields of `core.trainer.TrainConfig` (see it, and `core.config.ObjectiveConfig` for the objective's)
-    except the temperature and dtype, which are the generator's."""
+    except the temperature and dtype, which are the generator's; plus `processes`: how many processes train
+    the adapter together (`accelerate launch`, one per GPU; `core.train_launch`). It changes how the adapter is
+    computed, not what (the same run up to float rounding), so it is outside the config hash and the run hash."""
+
+    processes: int = Field(1, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -289,10 +293,13 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         # reward used to be the ladder score, so its old results are not this method's)
         if isinstance(d, dict) and d.get("objective") != "rwr":
             d.pop("rwr_reward", None)
+        if isinstance(d, dict):
+            d.pop("processes", None)  # how, not what, is trained (see the class doc)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
-        return TrainConfig.from_dict({**self.model_dump(), "temperature": float(temperature), "dtype": dtype})
+        fields = {k: v for k, v in self.model_dump().items() if k != "processes"}
+        return TrainConfig.from_dict({**fields, "temperature": float(temperature), "dtype": dtype})
 
 
 class ReportSection(_Section):

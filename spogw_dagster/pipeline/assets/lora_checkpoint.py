@@ -97,7 +97,7 @@ def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
 
 def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
     """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
-    from spogw_dagster.core.trainer import train_lora
+    from spogw_dagster.core.train_launch import fit_adapter
 
     from ..adapters import carry_forward
 
@@ -114,10 +114,10 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
                              reason=reason), False
     say(context, f"training {tcfg.objective} on {len(examples)} examples "
                  f"(previous adapter: {parent.partition if parent else 'none'})")
-    res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
-                     previous_adapter=parent.path if parent else None,
-                     log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
-                     progress=lambda msg: say(context, msg))
+    res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
+                      previous_adapter=parent.path if parent else None, processes=cfg.training.processes,
+                      log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
+                      progress=lambda msg: say(context, msg))
     return res.stats, res.reused
 
 

@@ -134,7 +134,8 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
            checkpoint: dict[str, Any]) -> MethodRun:
-    from spogw_dagster.core.trainer import data_hash, train_lora
+    from spogw_dagster.core.train_launch import fit_adapter
+    from spogw_dagster.core.trainer import data_hash
 
     from ..adapters import carry_forward
 
@@ -152,8 +153,8 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     out = store.root / "comparison" / key / name
     if examples:
         say(context, f"{name}: training {tcfg.objective} on {len(examples)} examples")
-        res = train_lora(examples, tcfg, out, base_model=cfg.generator.model,
-                         previous_adapter=parent.path if parent else None)
+        res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
+                          previous_adapter=parent.path if parent else None, processes=cfg.training.processes)
         secs = res.stats.get("summary", {}).get("train_seconds")
     else:
         context.log.warning(f"{name}: no training examples; the parent policy stands in for it")
