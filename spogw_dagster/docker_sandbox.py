@@ -5,7 +5,7 @@ works here): vfs copies the whole image into every new container, so the cost of
 image. A Debian root made by debootstrap with python3.11 (252 MB) took 1.3-4.4 s per `docker run --rm`;
 an image holding nothing but the top-level layout takes 0.3-0.4 s. Every workflow run and every scoring
 run starts a container, so the image is that empty skeleton, and the container sees exactly what the
-bwrap sandbox sees: /usr and the prefix of the interpreter behind sys.executable (isolation.sandbox_python),
+bwrap sandbox sees: /usr and the prefix of the interpreter behind sys.executable (sandbox_env.sandbox_python),
 bound read-only at their own paths, plus the child-side scripts (sandbox/*.py) read-only at /sandbox, so
 a change to them needs no rebuild. The price: the engine must run on this host (it bind-mounts host
 paths), which is also what `--network none` plus our own interpreter assume.
@@ -147,7 +147,7 @@ def tar_of(entries) -> bytes:
 
 def dockerfile_dir() -> Path:
     """sandbox/ (the installed `spogw_sandbox` package): the Dockerfile and the child-side scripts."""
-    from .isolation import runner_path
+    from .sandbox_env import runner_path
 
     return runner_path().parent
 
@@ -233,7 +233,7 @@ def seccomp_profile_path() -> Path:
 
 def host_mounts() -> list[str]:
     """Host paths bound read-only at the same path: what the interpreter needs, as under bwrap."""
-    from .isolation import sandbox_python
+    from .sandbox_env import sandbox_python
 
     mounts = ["/usr"]
     for name in _TOP_LEVEL_MAYBE_LINKS:  # real directories on a non-merged-/usr host
@@ -256,7 +256,7 @@ def run_command(argv: list[str], limits, ro_files: list[tuple[str, str]], uid: i
                 container: str) -> list[str]:
     """`docker run` for one sandboxed process. argv names sys.executable for Python; it becomes the base
     interpreter, which the container reaches through the read-only binds."""
-    from .isolation import sandbox_python
+    from .sandbox_env import sandbox_python
 
     python = sandbox_python().executable
     argv = [python if a == sys.executable else a for a in argv]
@@ -275,7 +275,7 @@ def run_command(argv: list[str], limits, ro_files: list[tuple[str, str]], uid: i
            "--ulimit", "core=0", "--env", "PYTHONDONTWRITEBYTECODE=1", "--env", "PYTHONHASHSEED=0"]
     for path in host_mounts():
         cmd += _bind(path, path)
-    from .isolation import package_dirs_to_mask
+    from .sandbox_env import package_dirs_to_mask
 
     for d in package_dirs_to_mask(host_mounts()):  # an empty read-only tmpfs over third-party packages
         cmd += ["--tmpfs", f"{d}:ro,size=64k,mode=0555"]
@@ -313,7 +313,7 @@ def sweep_orphans() -> list[str]:
 
 def detect() -> tuple[str, str]:
     """('', detail) when the docker sandbox can run here, else (why not, ''), with the fix in the text."""
-    from .isolation import Limits
+    from .sandbox_env import Limits
 
     try:
         client()

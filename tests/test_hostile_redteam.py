@@ -399,7 +399,7 @@ def has_close_elements(numbers, threshold):
 
 def test_base_site_packages_are_not_readable_by_the_solution(isolation):
     """Both sandboxes cover third-party package directories with an empty read-only tmpfs
-    (isolation.package_dirs_to_mask)."""
+    (sandbox_env.package_dirs_to_mask)."""
     iso = detect_isolation(isolation)
     detail = asyncio.run(ct.score_code(_humaneval_0(), SITE_PACKAGES_PROBE, CodeSandbox(iso)))
     assert detail.score == 0.0, detail

@@ -12,7 +12,7 @@ LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=512, nproc=8, scratch_mb=32, fsize_
 
 
 def test_docker_command_isolates_network_filesystem_privileges_and_resources():
-    from spogw_dagster.isolation import sandbox_python
+    from spogw_dagster.sandbox_env import sandbox_python
 
     cmd = _wrap(Isolation("docker"), [sys.executable, "-I", "-S", "/sandbox/runner.py"], LIMITS,
                 [("/host/extra.py", "/sandbox/extra.py")])
@@ -128,7 +128,7 @@ def test_stale_run_cgroups_of_dead_processes_are_swept():
 def test_sandbox_starts_the_base_interpreter_and_mounts_nothing_of_a_venv():
     """The venv's python is the base binary plus a pyvenv.cfg that only adds site-packages, which sandboxed
     code never loads (-I -S): the sandbox runs the base binary and binds its prefix, not the venv."""
-    from spogw_dagster.isolation import sandbox_python
+    from spogw_dagster.sandbox_env import sandbox_python
 
     py = sandbox_python()
     assert os.path.isfile(py.executable) and os.access(py.executable, os.X_OK)

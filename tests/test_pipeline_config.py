@@ -155,3 +155,18 @@ def test_rwr_reward_counts_only_where_rwr_reads_it():
     rwr_score = load_config("tiny", overrides={"training": {"objective": "rwr", "rwr_reward": "score"}})
     assert rwr_w4s.hash != rwr_score.hash
     assert rwr_w4s.training.core(0.5).to_dict()["rwr_reward"] == "w4s"
+
+
+def test_training_processes_reach_the_assets_and_stay_out_of_the_hashes(tmp_path):
+    """`processes` changes how an adapter is computed, not what: outside the config and section hashes, but
+    carried to the assets (through the resource's JSON) and to the plan; it needs lora_dropout = 0."""
+    from spogw_dagster.pipeline.resources import PipelineResource
+
+    one, two = load_config("ci"), load_config("ci", overrides={"training": {"processes": 2}})
+    assert (one.training.processes, two.training.processes) == (1, 2)
+    assert config_hash(one) == config_hash(two)
+    assert section_hash(one, "lora_checkpoint") == section_hash(two, "lora_checkpoint")
+    assert PipelineResource.from_config(two, tmp_path).config().training.processes == 2
+    assert "processes" not in two.train_config().to_dict()  # nor in the trainer's run hash
+    with pytest.raises(ConfigValidationError, match=r"processes=2 with training.lora_dropout=0.1.*lora_dropout: 0"):
+        load_config("ci", overrides={"training": {"processes": 2, "lora_dropout": 0.1}})

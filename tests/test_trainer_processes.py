@@ -82,3 +82,27 @@ def test_a_failure_inside_the_processes_is_an_error_with_its_cause(tiny_model, t
     with pytest.raises(RuntimeError, match=r"(?s)training on 2 processes failed.*no_such_proj.*training.processes: 1"):
         fit_adapter(_examples(), bad, tmp_path / "out", base_model=tiny_model, processes=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_launch_stops_the_job(tmp_path):
+    """The step is interrupted while the job runs (here: its progress callback raises, as a Dagster
+    termination raises inside it): the launcher is stopped at once, not waited for."""
+    import subprocess
+    import sys
+    import time
+
+    from spogw_dagster.core import train_launch
+
+    pidfile = tmp_path / "pid"
+    child = (f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "
+             f"print({train_launch.PROGRESS!r} + 'step 1 started', flush=True); time.sleep(120)")
+
+    def interrupted(_msg):
+        raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        train_launch._run([sys.executable, "-c", child], 2, interrupted)
+    assert time.monotonic() - t0 < 30
+    pid = int(pidfile.read_text())
+    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0  # gone

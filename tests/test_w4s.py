@@ -63,11 +63,11 @@ def test_feedback_queries_are_never_scored_on_validation():
     """W4S picks its states on the feedback queries and shows their answers in its prompts: a validation score
     that included them would score it where it was tuned. They are the split's last queries, left out."""
     from spogw_dagster.pipeline.assets.benchmark_report import heldout_problems
-    from spogw_dagster.pipeline.refinement import feedback_problems, reserved_validation
+    from spogw_dagster.pipeline.refinement import feedback_problems
     from spogw_dagster.pipeline.settings import load_config
 
     plain = load_config("tiny", overrides={"report": {"split": "validation"}})
-    assert reserved_validation(plain) == 0 and len(heldout_problems(plain)[0]) == 16  # all of HumanEval's
+    assert plain.reserved_validation() == 0 and len(heldout_problems(plain)[0]) == 16  # all of HumanEval's
     for over in ({"comparison": {"objectives": ["spogw", "w4s"]}}, {"refinement": {"turns": 2}}):
         cfg = load_config("tiny", overrides={"report": {"split": "validation"}, **over})
         scored = {p.id for p in heldout_problems(cfg)[0]}

@@ -13,7 +13,8 @@ prompt forward runs the model twice per micro-batch (prompt, then completions fr
 one-forward-one-backward bookkeeping rejects; only the LoRA tensors (a few MB) need the reduce.
 
 The process group comes from accelerate (`PartialState`): gloo on the CPU, NCCL on CUDA devices. A single
-process (no launcher) is `SINGLE`: every function here is then the identity.
+process (no launcher) is `SINGLE`: every function here is then the identity. A rank that fails mid-run leaves
+the others in a collective: the launcher (torch's elastic agent) stops them all, and the run fails as a whole.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["Dist", "SINGLE", "from_environment", "launched"]
+__all__ = ["Dist", "SINGLE", "from_environment", "launched", "shutdown"]
 
 
 def launched() -> bool:
@@ -37,6 +38,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    device: str = ""  # the launcher's device for this process (accelerate: cuda:<local rank % GPUs>, or cpu)
 
     @property
     def main(self) -> bool:
@@ -90,10 +92,6 @@ class Dist:
 
             dist.barrier()
 
-    def agree(self, ok: bool, what: str) -> None:
-        """Raise on every rank when any rank failed `what` (so no rank waits forever in a collective)."""
-        if self.world > 1 and not all(self.gather(bool(ok))):
-            raise RuntimeError(f"{what} failed on another training process; see its output above")
 
 
 SINGLE = Dist()
@@ -106,4 +104,13 @@ def from_environment(cpu: bool) -> Dist:
     from accelerate import PartialState
 
     state = PartialState(cpu=cpu)  # cpu=True: gloo; otherwise the accelerator's backend (NCCL on CUDA)
-    return Dist(rank=state.process_index, world=state.num_processes, local_rank=state.local_process_index)
+    return Dist(rank=state.process_index, world=state.num_processes, local_rank=state.local_process_index,
+                device=str(state.device))
+
+
+def shutdown() -> None:
+    """Leave the process group (a launched process's last step; NCCL warns about a group never destroyed)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -9,8 +9,8 @@ what `train_lora` returns: the adapter folder (written once, by rank 0), its sta
 finished run was reused.
 
 `--multi_gpu` is accelerate's name for its torchrun launcher; on a host without CUDA the processes join a gloo
-group on the CPU (how the 2-process test runs), with CUDA each takes the GPU of its local rank. Several
-machines: run the same command on each with accelerate's `--num_machines/--machine_rank/--main_process_ip`.
+group on the CPU (how the 2-process test runs), with CUDA each takes one GPU (so N must not exceed the GPUs
+visible). One machine only: the job folder and the adapter are read and written on its local disk.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.children import die_with_parent
+from spogw_dagster.core.distributed import shutdown
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, TrainResult, finished_run, train_lora
 
 __all__ = ["fit_adapter", "launch_command", "main"]
@@ -57,6 +57,7 @@ def fit_adapter(
     if (done := finished_run(examples, cfg, out, base_model, previous_adapter)) is not None:
         return TrainResult(out, done, reused=True)  # no launch for a run that is already there (or bad input)
     exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
+    _check_devices(cfg, processes)
     job = Path(tempfile.mkdtemp(prefix="spogw-train-job-"))
     try:
         _write_job(job, exs, cfg, out, base_model, previous_adapter)
@@ -71,11 +72,24 @@ def fit_adapter(
     return TrainResult(out, stats, reused=bool(result["reused"]))
 
 
-def launch_command(job: Path, processes: int, port: int | None = None) -> list[str]:
-    """The `accelerate launch` command that trains `job` on `processes` processes of this machine."""
+def launch_command(job: Path, processes: int) -> list[str]:
+    """The `accelerate launch` command that trains `job` on `processes` processes of this machine (port 0:
+    accelerate picks a free one as it starts the group)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(port or _free_port()), "-m", "spogw_dagster.core.train_launch", str(job)]
+            "--main_process_port", "0", "-m", "spogw_dagster.core.train_launch", str(job)]
+
+
+def _check_devices(cfg: TrainConfig, processes: int) -> None:
+    """One GPU per process: refuse, before launching anything, more processes than visible GPUs."""
+    import torch
+
+    if cfg.device == "cpu" or not torch.cuda.is_available():
+        return
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise ValueError(f"training.processes={processes} but {gpus} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
+                         f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); fix: processes <= {gpus}")
 
 
 def _write_job(job: Path, exs: Sequence[TrainExample], cfg: TrainConfig, out: Path, base_model, previous) -> None:
@@ -91,10 +105,12 @@ def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None)
     """Run the launcher, passing rank 0's progress lines on; on failure raise with the end of its output."""
     tail: collections.deque[str] = collections.deque(maxlen=60)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))  # no oversubscription
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))  # no oversubscription
     # SIGTERM when this process dies: the launcher (torch's elastic agent) then stops its workers
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          preexec_fn=die_with_parent(signal.SIGTERM)) as proc:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                            env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+    try:
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -104,6 +120,12 @@ def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None)
             else:
                 tail.append(line)
         rc = proc.wait()
+    except BaseException:  # interrupted (a Dagster termination, Ctrl-C) or a failing callback: stop the job
+        _stop(proc)
+        raise
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
     if rc != 0:
         text = "\n".join(tail)
         raise RuntimeError(f"training on {processes} processes failed (accelerate launch exit {rc}); the end of its "
@@ -111,10 +133,15 @@ def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None)
                            "training.processes: 1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM (the elastic agent then stops its workers), SIGKILL after `grace_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      progress=lambda msg: print(PROGRESS + msg, flush=True))
     if int(os.environ.get("RANK", "0")) == 0:
         (job / RESULT_FILE).write_text(json.dumps({"reused": res.reused}))
+    shutdown()
     return 0
 
 

@@ -742,12 +742,12 @@ def _finished_run(out: Path, run_hash: str) -> dict[str, Any] | None:
 
 
 def _device(cfg: TrainConfig, dist: Dist = SINGLE):
-    """The configured device; with several processes on CUDA, this process's own GPU (its local rank)."""
+    """The configured device; with several processes on CUDA, the GPU the launcher gave this process."""
     import torch
 
     dev = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and dist.world > 1:
-        return torch.device("cuda", dist.local_rank)
+        return torch.device(dist.device)  # the GPU accelerate set for this process (NCCL uses the same)
     return dev
 
 

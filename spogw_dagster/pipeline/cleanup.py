@@ -73,7 +73,7 @@ def collect(store: AssetStore, dry_run: bool = False) -> tuple[list[Path], int]:
 
 
 def gc_command(assets_dir: str | None, dry_run: bool) -> int:
-    from .loop import assets_dir_lock
+    from .locks import assets_dir_lock
     from .storage import default_assets_dir
 
     store = AssetStore(assets_dir or default_assets_dir())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..adapter_files import ADAPTER_WEIGHTS
 from .storage import STORAGE_ERRNOS, storage_error_text, storage_trouble
@@ -105,8 +106,6 @@ def add_pipeline_commands(sub) -> None:
                           "(default comparison.split, validation; test once, for the final table)")
     cmp.add_argument("--resamples", type=int, default=2000)
     cmp.add_argument("--json", action="store_true", help="print the rows as JSON")
-    from .plan import add_plan_parser
-
     add_plan_parser(sub)
 
 
@@ -131,8 +130,6 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
             return gc_command(args.assets_dir, args.dry_run)
         if args.cmd == "plan":
-            from .plan import plan_command
-
             return plan_command(args)
         if args.cmd == "compare":
             return compare_command(args)
@@ -322,10 +319,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if limit is not None and limit < 1:
         raise ConfigValidationError("--limit must be >= 1")
     try:
-        from .refinement import reserved_validation
-
         problems, info = split_problems(b.name, args.split, limit=limit, seed=b.split_seed, path=b.data_path,
-                                        reserve=reserved_validation(cfg, args.split))
+                                        reserve=cfg.reserved_validation(args.split))
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
     policies = [_policy(args.adapter, "checkpoint")]
@@ -347,4 +342,74 @@ def evaluate_command(args: argparse.Namespace) -> int:
         print(_json.dumps({"split": info, "report": rep.to_dicts()}, default=str))
     else:
         print(tables.report_table_text(rep))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# the `spogw plan` subcommand (its numbers: plan.py)
+
+
+def add_plan_parser(sub) -> None:
+    p = sub.add_parser("plan", help="print the work one iteration implies (samples, executor calls, training rows, "
+                                    "time), before anything runs",
+                       description="From the config's sizes and limits (and averages measured in --assets-dir when "
+                                   "it holds execution_scores / sampled_workflows), print one iteration's generator "
+                                   "samples and tokens, executor calls and tokens, training rows before and after "
+                                   "unique-workflow aggregation, and a wall-time estimate on the measured backends.")
+    add_config_source(p)
+    p.add_argument("--assets-dir", default=None,
+                   help="measure calls per workflow and tokens from this assets directory's tables (default: "
+                        "$SPOGW_ASSETS_DIR or ./assets, when it holds any)")
+    p.add_argument("--first-iteration", action="store_true", help="count the base model's report rows too (k = 0)")
+    p.add_argument("--generator-tps", type=float, default=None,
+                   help="generator tokens/s (default: measured for the config's target, if it was)")
+    p.add_argument("--executor-tps", type=float, default=None, help="executor tokens/s, all workers together")
+    p.add_argument("--train-tps", type=float, default=None, help="trained tokens/s")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    import json
+
+    from .plan import Speeds, format_plan, measure_assets, plan_from_config, speeds_for_config
+    from .preflight import PLAN_CHECKS, PreflightError, preflight
+    from .settings import ConfigValidationError
+    from .storage import default_assets_dir
+
+    # the checks its counts rest on, with the same text `spogw check` and `spogw run` give; unset ${VAR}s are
+    # placeholders here (no count depends on them)
+    cfg, findings = preflight(args.profile, args.config, checks=PLAN_CHECKS, allow_unset_env=True)
+    problems = [f for f in findings if not f.ok]
+    if problems:
+        raise PreflightError(problems)
+    unset = [f for f in findings if f.unset]
+    notes = [f"{f.text}: a placeholder for this plan (no count depends on it)" for f in unset]
+    root = Path(args.assets_dir).expanduser() if args.assets_dir else default_assets_dir()
+    if args.assets_dir and not Path(root).is_dir():
+        raise ConfigValidationError(f"--assets-dir {root} does not exist")
+    measured = measure_assets(root) if Path(root).is_dir() else None
+    given = {}
+    for name in ("generator_tps", "executor_tps", "train_tps"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise ConfigValidationError(f"--{name.replace('_', '-')} must be > 0")
+        if v is not None:
+            given[name] = v
+    speeds = speeds_for_config(cfg, placeholders=frozenset(f.unset for f in unset))
+    if given:
+        keep = [(k, why) for k, why in speeds.unknown if k not in given]
+        speeds = Speeds(**{**{k: getattr(speeds, k) for k in ("generator_tps", "executor_tps", "train_tps")}, **given},
+                        source=speeds.source + "; given: " + ", ".join(f"--{k.replace('_', '-')} {v:g}"
+                                                                       for k, v in given.items()),
+                        unknown=tuple(keep))
+    p = plan_from_config(cfg, measured, speeds, first_iteration=args.first_iteration)
+    if args.json:
+        print(json.dumps({"profile": cfg.profile, "plan": p.as_dict(), "notes": notes,
+                          "measured_from": measured.source if measured else None}, default=str))
+        return 0
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(format_plan(p, f"profile {cfg.profile}, {cfg.benchmark.name}"))
+    print(f"  measured  : {measured.source}" if measured else
+          f"  measured  : nothing (no execution_scores/sampled_workflows under {root}): caps are upper bounds")
     return 0

@@ -225,10 +225,10 @@ def step_executor(root: Path):
 
 
 def _locking(base, root: Path):
-    """`base` holding the assets directory's lock for the whole run (`loop.locking_executor`): runs launched
+    """`base` holding the assets directory's lock for the whole run (`locks.locking_executor`): runs launched
     from the UI, a backfill or the sensor wait in iteration order; a run this process orchestrates under its
     own lock (run_loop_in_containers) goes ahead."""
-    from .loop import locking_executor
+    from .locks import locking_executor
 
     return locking_executor(base, root, label="steps in containers", description=(
         "Each step in its own Docker container (dagster-docker), holding the assets directory's lock."))
@@ -381,13 +381,8 @@ def _run_in_containers(cfg, root: Path, config_file: str | None, force: bool, ou
                        keep_containers: bool) -> list[dict[str, Any]]:
     import dagster as dg
 
-    from .loop import (
-        _already_reported,
-        _failure_message,
-        assets_dir_lock,
-        ensure_dagster_home,
-        summary_table,
-    )
+    from .locks import assets_dir_lock
+    from .loop import _already_reported, _failure_message, ensure_dagster_home, summary_table
     from .partitions import PARTITIONS_NAME, iteration_key
     from .sensors import JOB_NAME
     from .storage import AssetStore

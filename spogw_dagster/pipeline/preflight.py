@@ -157,9 +157,7 @@ def split_problems(cfg) -> list[Finding]:
     wanted = [("benchmark.train_queries", b.train_queries, "train", n_train),
               ("benchmark.heldout_queries", b.heldout_queries, "test", n_test),
               ("benchmark.validation_queries", b.validation_queries, "validation", n_val)]
-    from .refinement import reserved_validation
-
-    reserved = reserved_validation(cfg)
+    reserved = cfg.reserved_validation()
     if reserved:  # W4S's feedback queries sit at the end of the validation split and are never scored
         wanted[2] = ("benchmark.validation_queries + refinement.feedback_queries",
                      (b.validation_queries or 1) + reserved, "validation", n_val)

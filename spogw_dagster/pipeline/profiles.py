@@ -134,10 +134,6 @@ def profile_names() -> list[str]:
     return list(PROFILES)
 
 
-def get_profile(name: str) -> dict[str, Any]:
-    from .settings import ConfigValidationError
-
-    if name not in PROFILES:
-        raise ConfigValidationError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}, "
-                                    "or pass a YAML file with --config")
-    return copy.deepcopy(PROFILES[name])
+def get_profile(name: str) -> dict[str, Any] | None:
+    """A copy of profile `name`'s sections (callers may change it), or None for an unknown name."""
+    return copy.deepcopy(PROFILES[name]) if name in PROFILES else None

@@ -30,20 +30,12 @@ MAX_CASE_CHARS = 240  # per question / answer in a failure case: the gist, not t
 
 def feedback_problems(cfg) -> list[Problem]:
     """The last `refinement.feedback_queries` of the validation split (disjoint from train and test, and left
-    out of every validation score while W4S is in play: `reserved_validation`)."""
+    out of every validation score while W4S is in play: `SpogwConfig.reserved_validation`)."""
     from spogw_dagster.evaluation import split_problems
 
     b = cfg.benchmark
     problems, _ = split_problems(b.name, "validation", seed=b.split_seed, path=b.data_path)
     return problems[-cfg.refinement.feedback_queries:]
-
-
-def reserved_validation(cfg, split: str = "validation") -> int:
-    """How many queries at the end of `split` are W4S's feedback queries, and so never scored: on the
-    validation split, `refinement.feedback_queries` when turns are on or the comparison trains `w4s`; else 0."""
-    if split == "validation" and (cfg.refinement.enabled or "w4s" in cfg.comparison.objectives):
-        return cfg.refinement.feedback_queries
-    return 0
 
 
 @dataclass(frozen=True)

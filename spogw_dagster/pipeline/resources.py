@@ -63,11 +63,9 @@ def check_benchmark_data(cfg: SpogwConfig) -> None:
     b, rep = cfg.benchmark, cfg.report
     try:
         _queries(b.name, b.data_path, b.split_seed, b.train_queries, b.heldout_queries)
-        from .refinement import reserved_validation
-
         split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else b.validation_queries,
                        seed=b.split_seed, path=b.data_path,
-                       reserve=reserved_validation(cfg, rep.split))
+                       reserve=cfg.reserved_validation(rep.split))
     except (BenchmarkDataError, ValueError) as e:
         fix = ("point benchmark.data_path at the benchmark's standard file (or fix the file); nothing was written"
                if isinstance(e, BenchmarkDataError) else "lower the count or pick another split; nothing was written")

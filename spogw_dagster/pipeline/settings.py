@@ -42,6 +42,8 @@ from pydantic import (
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
+from .profiles import get_profile, profile_names
+
 __all__ = [
     "ConfigValidationError",
     "SpogwConfig",
@@ -273,7 +275,8 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
     """The fields of `core.trainer.TrainConfig` (see it, and `core.config.ObjectiveConfig` for the objective's)
     except the temperature and dtype, which are the generator's; plus `processes`: how many processes train
     the adapter together (`accelerate launch`, one per GPU; `core.train_launch`). It changes how the adapter is
-    computed, not what (the same run up to float rounding), so it is outside the config hash and the run hash."""
+    computed, not what (the same run up to float rounding), so it is outside the config hash and the run hash;
+    it needs lora_dropout = 0 (dropout masks are drawn per process)."""
 
     processes: int = Field(1, ge=1)
 
@@ -293,8 +296,6 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         # reward used to be the ladder score, so its old results are not this method's)
         if isinstance(d, dict) and d.get("objective") != "rwr":
             d.pop("rwr_reward", None)
-        if isinstance(d, dict):
-            d.pop("processes", None)  # how, not what, is trained (see the class doc)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
@@ -413,6 +414,11 @@ class SpogwConfig(BaseModel):
             self.training.core(self.generator.temperature, self.generator.dtype)
         except (ConfigError, ValueError) as e:
             raise ValueError(f"training: {e}") from None
+        if self.training.processes > 1 and self.training.lora_dropout > 0:
+            raise ValueError(f"training.processes={self.training.processes} with training.lora_dropout="
+                             f"{self.training.lora_dropout}: each process would draw other dropout masks than one "
+                             "process does, so the run would not be the 1-process run; set lora_dropout: 0 or "
+                             "processes: 1")
         if self.benchmark.data_path is None:
             from spogw_dagster.benchmarks import get_spec
 
@@ -427,6 +433,14 @@ class SpogwConfig(BaseModel):
         """The temperature of the report's sampled mode: report.sample_temperature, else the training one."""
         t = self.report.sample_temperature
         return float(self.generator.temperature if t is None else t)
+
+    def reserved_validation(self, split: str = "validation") -> int:
+        """How many queries at the end of `split` are W4S's feedback queries, and so never scored: on the
+        validation split, `refinement.feedback_queries` when turns are on or the comparison trains `w4s`;
+        else 0."""
+        if split == "validation" and (self.refinement.enabled or "w4s" in self.comparison.objectives):
+            return self.refinement.feedback_queries
+        return 0
 
     def curation_config(self):
         return self.curation.core()
@@ -482,6 +496,7 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
     d = cfg.canonical()
     if not cfg.refinement.enabled:
         d.pop("refinement", None)
+    d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     return d
 
 
@@ -561,8 +576,6 @@ def load_config(
     """Profile defaults, then the YAML file (which may name its own `profile:` to start from), then overrides.
 
     With neither a profile nor a file, the `tiny` profile is used."""
-    from .profiles import get_profile
-
     file_data: dict[str, Any] = {}
     if config_file is not None:
         p = Path(config_file).expanduser()
@@ -582,6 +595,9 @@ def load_config(
         raise ConfigValidationError(
             f"--profile {profile!r} conflicts with `profile: {file_data['profile']}` in {config_file}; give one")
     base = get_profile(name) if name != "custom" else {}
+    if base is None:
+        raise ConfigValidationError(f"unknown profile {name!r}; choose one of {', '.join(profile_names())}, "
+                                    "or pass a YAML file with --config")
     data = deep_merge(base, file_data)
     data = deep_merge(data, dict(overrides or {}))
     data["profile"] = name

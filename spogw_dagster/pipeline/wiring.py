@@ -4,7 +4,7 @@
 SPOGW_PROFILE (default tiny) or SPOGW_CONFIG (a YAML file), and SPOGW_ASSETS_DIR (default ./assets).
 Steps run in-process one after another (`in_process_executor`): the assets load models and are chained
 anyway, and on a small CPU machine one process per step would only add start-up time. The executor holds the
-assets directory's lock for the whole run (`loop.locking_in_process_executor`), so runs launched from the UI,
+assets directory's lock for the whole run (`locks.locking_in_process_executor`), so runs launched from the UI,
 a backfill or the sensor on one assets directory go one at a time, in iteration order, whatever the instance's
 configuration.
 """
@@ -22,7 +22,7 @@ from .checks import ALL_CHECKS
 from .container_steps import step_executor
 from .settings import SpogwConfig, load_config
 from .io_manager import ParquetIOManager
-from .loop import locking_in_process_executor
+from .locks import locking_in_process_executor
 from .resources import PipelineResource
 from .sensors import JOB_NAME, build_sensor
 from .storage import ASSET_NAMES, default_assets_dir

@@ -38,10 +38,10 @@ from ..isolation import (
     Isolation,
     Limits,
     SandboxStartError,
-    runner_path,
     signal_status,
     spawn,
 )
+from ..sandbox_env import runner_path
 from ..seeds import derive_seed
 from ..contracts import Problem, Status, Usage, clean_json
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators

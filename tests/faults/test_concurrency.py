@@ -1,7 +1,7 @@
 """Fault 6: concurrent launches outside `spogw run` (the UI, a backfill, the sensor). Dagster's own limits (the run
 queue's `tag_concurrency_limits`, `concurrency: pools:`) are instance configuration, which a code location
 cannot supply, and a run that does not pass through the queue ignores them; so the code location's executor
-holds the assets directory's lock for the whole run (`loop.locking_in_process_executor`), waiting for it in
+holds the assets directory's lock for the whole run (`locks.locking_in_process_executor`), waiting for it in
 iteration order.
 
 - two `dagster asset materialize` processes (execution_scores of iterations 0 and 1, against a slow fake
@@ -24,7 +24,8 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.loop import LOCK_FILE, WAITING_DIR, IterationLock, _failure_message, assets_dir_lock
+from spogw_dagster.pipeline.locks import LOCK_FILE, WAITING_DIR, IterationLock, assets_dir_lock
+from spogw_dagster.pipeline.loop import _failure_message
 from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.storage import AssetStore
 

@@ -65,13 +65,11 @@ def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
     """The report's queries (test or validation split) and the record of the split."""
     from spogw_dagster.evaluation import split_problems
 
-    from ..refinement import reserved_validation
-
     rep, b = cfg.report, cfg.benchmark
     try:
         return split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else
                               b.validation_queries, seed=b.split_seed, path=b.data_path,
-                              reserve=reserved_validation(cfg, rep.split))
+                              reserve=cfg.reserved_validation(rep.split))
     except ValueError as e:
         raise dg.Failure(description=f"report.split={rep.split}: {e}", allow_retries=False) from None
 
