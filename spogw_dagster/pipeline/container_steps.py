@@ -1,11 +1,8 @@
-"""Steps in containers: the pipeline's steps run by `dagster_docker.docker_executor`, one container per step.
+"""Steps in containers, the run side: the step image, and `spogw run` with every step in its own container.
 
-Switch: SPOGW_STEP_EXECUTOR=docker in the environment of the code location (`dagster dev`, a run worker) makes
-`wiring.build_definitions` use `step_executor(root)`; unset or `in_process` keeps the in-process executor. It is
-an environment switch, not a config field, on purpose: where a step runs changes no asset's output, so it stays
-out of the config hash (as `loop:` does) and a switch never makes existing assets stale.
-`python -m spogw_dagster.pipeline.container_steps run --profile ci` runs the loop with it (`spogw run` itself
-uses `execute_in_process`, which always runs steps in-process).
+`python -m spogw_dagster.pipeline.container_steps run --profile ci` is the loop of `loop.run_loop` with the
+executor of `step_executor.py` (`ContainerSteps`): each iteration one `execute_job` of the iteration job, its
+steps in containers; `spogw run` itself runs steps in-process.
 
 The image (IMAGE) is a skeleton built in seconds with no registry, in the style of docker_sandbox.py: `docker
 import` of a tar holding only this host's top-level layout; the step sees the host's /usr, the interpreter's
@@ -16,17 +13,6 @@ compute logs) and our cache directory (converted models). So the engine must run
 is the self-contained image for an engine elsewhere (`docker/build_image.sh` builds it as spogw:latest; select it
 with SPOGW_STEP_IMAGE=spogw:latest): its steps run the image's own Python, venv and code (at this repository's
 path, checked by own_image_status), and only those three read-write directories are bound.
-
-The sandbox inside a step container is the same bwrap sandbox as on the host (root + setpriv: a fresh uid with
-no capabilities, no_new_privs, new net/pid/ipc/uts/mount namespaces, the seccomp filter of seccomp.py). bwrap
-needs, in the step container: CAP_SYS_ADMIN (namespaces, mounts, pivot_root), CAP_NET_ADMIN (bringing up `lo`
-in the new network namespace) and a seccomp profile that lets mount/umount2/pivot_root/unshare/chroot and clone
-with namespace flags through; Docker's default profile denies pivot_root even with CAP_SYS_ADMIN. So the step
-container runs with exactly those two capabilities added and `step_seccomp_profile()` (seccomp.py's deny list
-minus those five syscalls and the clone flag rules). Generated code never sees these: it runs under bwrap with
-all capabilities dropped and the full filter. The step container itself has no network (`network_mode: none`)
-unless the executor is an HTTP endpoint (then host networking). cgroup limits are unavailable inside (the
-container's cgroupfs is read-only): the sandbox falls back to rlimits there, as it says in its detail.
 """
 
 from __future__ import annotations
@@ -41,28 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-ENV_SWITCH = "SPOGW_STEP_EXECUTOR"  # in_process (default) | docker
-ENV_IMAGE = "SPOGW_STEP_IMAGE"  # another image (e.g. one built from docker/Dockerfile)
-ENV_MAX_CONCURRENT = "SPOGW_STEP_MAX_CONCURRENT"
-IMAGE = "spogw-steps:latest"
+from .sensors import JOB_NAME
+from .step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
+
 SKELETON_LABEL = "org.spogw.steps.skeleton"
-STEP_LABEL = "org.spogw.step"  # on every step container: its value is the pid of the orchestrating process
-REPO = Path(__file__).resolve().parents[2]
 MODULE = "spogw_dagster.pipeline.container_steps"  # what the step containers load (`defs`), even under -m
-# Syscalls of seccomp.py's deny list that bwrap itself needs to build the sandbox inside a step container.
-BWRAP_NEEDS = ("mount", "umount2", "pivot_root", "unshare", "chroot")
-# Environment passed through to the steps when set on the host (model/runtime knobs, never credentials).
-_PASS_PREFIXES = ("SPOGW_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH_")
-_PASS_SKIP = {"SPOGW_CACHE_DIR", "SPOGW_ASSETS_DIR"}
-
-
-def mode() -> str:
-    m = (os.environ.get(ENV_SWITCH) or "in_process").strip().lower().replace("-", "_")
-    if m not in {"in_process", "docker"}:
-        from .settings import ConfigValidationError
-
-        raise ConfigValidationError(f"{ENV_SWITCH}={m!r}: expected in_process or docker")
-    return m
 
 
 # ---------------------------------------------------------------- the image
@@ -131,107 +100,6 @@ def own_image_status(image: str) -> tuple[bool, str]:
         return False, (f"image {image} was built with SRC={wd or '(none)'}, not this repository ({REPO}): the steps "
                        "load the code location from that path. Fix: docker/build_image.sh from this checkout")
     return True, "ok"
-
-
-# ---------------------------------------------------------------- the step container
-
-def step_seccomp_profile() -> dict:
-    """seccomp.py's deny list (Docker's JSON form, as docker_sandbox.seccomp_profile) minus BWRAP_NEEDS and the
-    clone-with-namespace rules: what bwrap needs to build the sandbox, which then applies the full filter."""
-    from .. import docker_sandbox
-
-    prof = docker_sandbox.seccomp_profile()
-    rules = []
-    for r in prof["syscalls"]:
-        if r.get("args") and r["names"] == ["clone"]:
-            continue
-        names = [n for n in r["names"] if n not in BWRAP_NEEDS]
-        if names:
-            rules.append({**r, "names": names})
-    return {**prof, "syscalls": rules}
-
-
-def _ro_paths() -> list[str]:
-    """Host paths each step needs read-only at the same path: /usr (+ real top-level dirs), the interpreter's
-    prefix, the venv, the repository, the dynamic loader's cache, TLS certificates."""
-    from .. import docker_sandbox
-
-    paths = list(docker_sandbox.host_mounts())
-    for p in (sys.prefix, str(REPO), "/etc/ld.so.cache", "/etc/ssl/certs"):
-        if os.path.exists(p) and p not in paths:
-            paths.append(p)
-    return paths
-
-
-def _under(path: str, dirs: list[str]) -> bool:
-    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
-
-
-def step_executor_config(root: Path) -> dict[str, Any]:
-    """The docker_executor's config for the assets directory `root` (see the module docstring)."""
-    from ..paths import cache_dir
-    from .settings import load_config
-
-    root = Path(root).resolve()
-    home = Path(os.environ.get("DAGSTER_HOME") or root / ".dagster").resolve()
-    cache = cache_dir().resolve()
-    rw = [str(root)] + [str(p) for p in (home, cache) if not _under(str(p), [str(root)])]
-    own_image = os.environ.get(ENV_IMAGE)  # a self-contained image (docker/Dockerfile): no host code bound
-    ro = [] if own_image else [p for p in _ro_paths() if p not in rw]
-    cfg_file = os.environ.get("SPOGW_CONFIG")
-    if cfg_file and not _under(str(Path(cfg_file).resolve()), ro + rw):
-        ro.append(str(Path(cfg_file).resolve().parent))
-    env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_PREFIXES) and k not in _PASS_SKIP}
-    env.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root), "DAGSTER_HOME": str(home),
-                "SPOGW_CACHE_DIR": str(cache), "HOME": "/tmp", "PYTHONUNBUFFERED": "1"})
-    if not own_image:  # the step command is `dagster api execute_step ...`: the venv's, through the bind
-        env["PATH"] = f"{Path(sys.prefix) / 'bin'}:/usr/local/bin:/usr/bin:/bin"
-    try:  # an HTTP executor needs the network; the embedded one does not
-        needs_net = bool(load_config(os.environ.get("SPOGW_PROFILE") or (None if cfg_file else "tiny"),
-                                     cfg_file).executor.endpoints())
-    except Exception:  # noqa: BLE001 (an unloadable config fails later, in the step, with its own message)
-        needs_net = True
-    volumes = {p: {"bind": p, "mode": "ro"} for p in ro}
-    volumes.update({p: {"bind": p, "mode": "rw"} for p in rw})
-    return {
-        "image": own_image or IMAGE,
-        "env_vars": [f"{k}={v}" for k, v in sorted(env.items())],
-        "max_concurrent": int(os.environ.get(ENV_MAX_CONCURRENT) or 2),
-        "container_kwargs": {
-            "volumes": volumes,
-            "network_mode": "host" if needs_net else "none",
-            "user": "0:0",
-            **({} if own_image else {"working_dir": str(REPO)}),
-            "tmpfs": {"/tmp": "rw,mode=1777"},
-            "cap_add": ["SYS_ADMIN", "NET_ADMIN"],
-            "security_opt": [f"seccomp={json.dumps(step_seccomp_profile())}"],
-            "labels": {STEP_LABEL: str(os.getpid())},
-        },
-    }
-
-
-def step_executor(root: Path):
-    """The docker_executor configured for `root`, or None when SPOGW_STEP_EXECUTOR is not docker."""
-    if mode() != "docker":
-        return None
-    try:
-        from dagster_docker import docker_executor
-    except ImportError as e:
-        from .settings import ConfigValidationError
-
-        raise ConfigValidationError(f"{ENV_SWITCH}=docker needs dagster-docker ({e}). Fix: "
-                                    "pip install -e '.[docker]'") from None
-    return _locking(docker_executor, Path(root).resolve()).configured(step_executor_config(root), name="docker")
-
-
-def _locking(base, root: Path):
-    """`base` holding the assets directory's lock for the whole run (`locks.locking_executor`): runs launched
-    from the UI, a backfill or the sensor wait in iteration order; a run this process orchestrates under its
-    own lock (run_loop_in_containers) goes ahead."""
-    from .locks import locking_executor
-
-    return locking_executor(base, root, label="steps in containers", description=(
-        "Each step in its own Docker container (dagster-docker), holding the assets directory's lock."))
 
 
 # ---------------------------------------------------------------- the loop
@@ -351,94 +219,76 @@ def _removing_containers(remove: bool):
             remove_step_containers(os.getpid())
 
 
+class ContainerSteps:
+    """How the loop executes an iteration's run with every step in its own container: the iteration job of the
+    code location `MODULE` (built from the environment this sets: SPOGW_STEP_EXECUTOR=docker, the assets
+    directory and the config), run by `dg.execute_job` through the docker executor of `step_executor.py`."""
+
+    command = "spogw run (steps in containers)"
+
+    def __init__(self, keep_containers: bool = False):
+        self.keep_containers = keep_containers
+        self.containers: dict[str, list[dict[str, Any]]] = {}  # what step_containers said, per iteration
+        self._reaper: _Reaper | None = None
+
+    @contextlib.contextmanager
+    def session(self, cfg, root: Path, config_file, say):
+        saved = {k: os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE")}
+        try:  # the step containers read these; the caller's environment is restored after
+            os.environ.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root)})
+            if config_file:
+                os.environ["SPOGW_CONFIG"] = str(Path(config_file).resolve())
+                os.environ.pop("SPOGW_PROFILE", None)
+            else:
+                os.environ["SPOGW_PROFILE"] = cfg.profile
+                os.environ.pop("SPOGW_CONFIG", None)
+            if os.environ.get(ENV_IMAGE):
+                ok, why = own_image_status(os.environ[ENV_IMAGE])
+                if not ok:
+                    from ..docker_sandbox import DockerUnavailableError
+
+                    raise DockerUnavailableError(why)
+            else:
+                say(build_image(log=say))
+            self._recon = _recon_job(JOB_NAME)
+            reaper = contextlib.nullcontext(None) if self.keep_containers else _Reaper(os.getpid())
+            with _removing_containers(not self.keep_containers), reaper as self._reaper:
+                yield self
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    def execute(self, defs, instance, key: str, selection, tags: dict[str, str], run_config: dict):
+        import dagster as dg
+
+        return dg.execute_job(self._recon, instance, asset_selection=selection, run_config=run_config,
+                              tags={"dagster/partition": key, **tags, "spogw/pid": str(os.getpid())})
+
+    def finished(self, key: str, result) -> str:
+        found = self._reaper.take() if self._reaper else step_containers(os.getpid())
+        self.containers[key] = found
+        if not self.keep_containers:
+            remove_step_containers(os.getpid())
+        return f"{len(found)} step containers ({os.environ.get(ENV_IMAGE) or IMAGE})"
+
+
 def run_loop_in_containers(profile: str | None = None, config_file: str | None = None, iterations: int | None = None,
                            assets_dir: str | os.PathLike[str] | None = None, force: bool = False,
                            out: TextIO | None = None, keep_containers: bool = False) -> list[dict[str, Any]]:
-    """`spogw run` with every step in its own container: iteration k = one `execute_job` of the iteration job
-    for partition k, orchestrated here (docker_executor), against the persistent instance of the assets dir.
-    Returns one dict per iteration: key, status, wall_s, run_id, containers (what step_containers said of those
-    its steps ran in). Step containers are removed as their steps finish (_Reaper) and at the end of each
-    iteration, unless keep_containers (then the caller removes them: remove_step_containers)."""
-    from .settings import load_config
-    from .storage import default_assets_dir
+    """`spogw run` with every step in its own container (`ContainerSteps`), against the persistent instance of
+    the assets dir. Returns one dict per iteration: key, status, wall_s, run_id, containers (what
+    step_containers said of those its steps ran in). Step containers are removed as their steps finish
+    (_Reaper) and at the end of each iteration, unless keep_containers (then the caller removes them:
+    remove_step_containers)."""
+    from .loop import run_loop
 
-    out = out or sys.stdout
-    cfg = load_config(profile, config_file, {"iterations": iterations} if iterations is not None else None)
-    root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
-    saved = {k: os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE",
-                                            "DAGSTER_HOME")}
-    try:
-        return _run_in_containers(cfg, root, config_file, force, out, keep_containers)
-    finally:  # the step containers read these; leave the caller's environment as it was
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _run_in_containers(cfg, root: Path, config_file: str | None, force: bool, out: TextIO,
-                       keep_containers: bool) -> list[dict[str, Any]]:
-    import dagster as dg
-
-    from .locks import assets_dir_lock
-    from .loop import _already_reported, _failure_message, ensure_dagster_home, summary_table
-    from .partitions import PARTITIONS_NAME, iteration_key
-    from .sensors import JOB_NAME
-    from .storage import AssetStore
-
-    os.environ.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root)})
-    if config_file:
-        os.environ["SPOGW_CONFIG"] = str(Path(config_file).resolve())
-        os.environ.pop("SPOGW_PROFILE", None)
-    else:
-        os.environ["SPOGW_PROFILE"] = cfg.profile
-        os.environ.pop("SPOGW_CONFIG", None)
-    say = lambda m: print(m, file=out, flush=True)
-    if os.environ.get(ENV_IMAGE):
-        ok, why = own_image_status(os.environ[ENV_IMAGE])
-        if not ok:
-            from ..docker_sandbox import DockerUnavailableError
-
-            raise DockerUnavailableError(why)
-    else:
-        say(build_image(log=say))
-    results: list[dict[str, Any]] = []
-    with assets_dir_lock(root, "spogw run (steps in containers)"):
-        ensure_dagster_home(root)
-        store = AssetStore(root)
-        recon = _recon_job(JOB_NAME)
-        reaper = contextlib.nullcontext(None) if keep_containers else _Reaper(os.getpid())
-        with dg.DagsterInstance.get() as instance, _removing_containers(not keep_containers), reaper as reaped:
-            for k in range(cfg.iterations):
-                key = iteration_key(k)
-                if not force and _already_reported(store, key, cfg.hash):
-                    say(f"iteration {key}: benchmark_report exists for this config; skipped")
-                    results.append({"key": key, "status": "skipped"})
-                    continue
-                if not instance.has_dynamic_partition(PARTITIONS_NAME, key):
-                    instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
-                say(f"iteration {key}: steps in containers ({os.environ.get(ENV_IMAGE) or IMAGE})")
-                t0 = time.monotonic()
-                result = dg.execute_job(recon, instance, tags={
-                    "dagster/partition": key, "spogw/iteration": key,
-                    "spogw/launched_by": "spogw run (steps in containers)", "spogw/pid": str(os.getpid())},
-                    run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}})
-                wall = time.monotonic() - t0
-                containers = reaped.take() if reaped else step_containers(os.getpid())
-                r = {"key": key, "status": "ok" if result.success else "failed", "wall_s": wall,
-                     "run_id": result.run_id, "containers": containers}
-                results.append(r)
-                say(f"iteration {key}: {r['status']} in {wall:.1f} s, {len(containers)} step containers "
-                    f"(run {result.run_id[:8]})")
-                if not keep_containers:
-                    remove_step_containers(os.getpid())
-                if not result.success:
-                    say("  " + _failure_message(result).replace("\n", "\n  "))
-                    break
-        say("")
-        say(summary_table(store, cfg.iterations))
-    return results
+    steps = ContainerSteps(keep_containers)
+    outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
+    return [{"key": o.key, "status": o.status, "wall_s": o.wall_s, "run_id": o.run_id,
+             "containers": steps.containers.get(o.key, [])} for o in outcomes]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -110,7 +110,10 @@ def run_loop(
     instance=None,
     log_level: str = "WARNING",
     overrides: dict | None = None,
+    steps: "InProcessSteps | None" = None,
 ) -> list[IterationOutcome]:
+    """The loop: each iteration one run of the iteration job, executed by `steps` (InProcessSteps, the
+    default; container_steps.ContainerSteps runs every step in its own container)."""
     import dagster as dg
 
     from .preflight import require
@@ -120,14 +123,36 @@ def run_loop(
     overrides = {**(overrides or {}), **({"iterations": iterations} if iterations is not None else {})}
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     cfg = require(profile, config_file, overrides or None, assets_dir=root)  # what `spogw check` prints
-    with assets_dir_lock(root, "spogw run"):
-        return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level)
+    steps = steps or InProcessSteps()
+    with assets_dir_lock(root, steps.command):
+        return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level, steps)
+
+
+class InProcessSteps:
+    """How `spogw run` executes an iteration's run: every step in this process (`execute_in_process`, which
+    replaces the code location's locking executor, so the run never waits for the lock `spogw run` holds)."""
+
+    command = "spogw run"
+
+    @contextlib.contextmanager
+    def session(self, cfg, root: Path, config_file, say: Callable[[str], None]):
+        yield self
+
+    def execute(self, defs, instance, key: str, selection, tags: dict[str, str], run_config: dict):
+        from .sensors import JOB_NAME
+
+        return defs.resolve_job_def(JOB_NAME).execute_in_process(
+            partition_key=key, instance=instance, raise_on_error=False, asset_selection=selection,
+            tags={**tags, **worker_tags()}, run_config=run_config)
+
+    def finished(self, key: str, result) -> str:
+        """What to add to the iteration's last line (a container count, say); '' for nothing."""
+        return ""
 
 
 def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO, instance,
-                     log_level: str) -> list[IterationOutcome]:
+                     log_level: str, steps: InProcessSteps) -> list[IterationOutcome]:
     from .partitions import PARTITIONS_NAME, iteration_key
-    from .sensors import JOB_NAME
     from .wiring import build_definitions
 
     store = AssetStore(root)
@@ -138,7 +163,6 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
     else:
         home = Path(instance.root_directory) if getattr(instance, "root_directory", None) else None
     defs = build_definitions(assets_dir=root, config=cfg)
-    job = defs.resolve_job_def(JOB_NAME)
     interrupted = close_orphaned_runs(instance)
 
     def say(msg: str) -> None:
@@ -159,7 +183,7 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
             "the assets it finished are kept, the rest is rerun")
     outcomes: list[IterationOutcome] = []
     try:
-        with _progress_to(out):
+        with _progress_to(out), steps.session(cfg, root, config_file, say):
             for k in range(cfg.iterations):
                 key = iteration_key(k)
                 damaged = None
@@ -177,7 +201,7 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
                 if start:
                     say(f"iteration {key}: {', '.join(ASSET_NAMES[:start])} already materialized with this code and "
                         f"config (an interrupted run's finished work): resuming at {ASSET_NAMES[start]}")
-                outcomes.append(_run_iteration(job, instance, key, log_level, say, start=start))
+                outcomes.append(_run_iteration(steps, defs, instance, key, log_level, say, start=start))
                 if outcomes[-1].status == "failed":
                     break
         say("")
@@ -265,20 +289,19 @@ def resume_index(instance, defs, store: AssetStore, key: str, damaged: list[str]
     return len(ASSET_NAMES)
 
 
-def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str], None],
+def _run_iteration(steps: InProcessSteps, defs, instance, key: str, log_level: str, say: Callable[[str], None],
                    start: int = 0) -> IterationOutcome:
-    """Materialize one partition of the six assets (from ASSET_NAMES[start] on) in-process; print each asset's
-    time and the checks."""
+    """Materialize one partition of the six assets (from ASSET_NAMES[start] on) with `steps`; print each
+    asset's time and the checks."""
     import dagster as dg
 
     say(f"iteration {key}: running {' -> '.join(ASSET_NAMES[start:])}")
     t0 = time.monotonic()
-    result = job.execute_in_process(
-        partition_key=key, instance=instance, raise_on_error=False,
-        asset_selection=[dg.AssetKey(a) for a in ASSET_NAMES[start:]] if start else None,
-        tags={"spogw/iteration": key, "spogw/launched_by": "spogw run", **worker_tags()},
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-    )
+    result = steps.execute(
+        defs, instance, key, [dg.AssetKey(a) for a in ASSET_NAMES[start:]] if start else None,
+        {"spogw/iteration": key, "spogw/launched_by": steps.command},
+        {"loggers": {"console": {"config": {"log_level": log_level}}}})
+    extra = steps.finished(key, result)
     o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
                          _asset_seconds(result), run_id=result.run_id,
                          checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
@@ -295,7 +318,8 @@ def _run_iteration(job, instance, key: str, log_level: str, say: Callable[[str],
                         "and run again: completed partitions are kept and the rerun resumes")
         say(f"iteration {key} FAILED after {o.wall_s:.1f} s:\n  " + o.error.replace("\n", "\n  "))
     else:
-        say(f"iteration {key}: done in {o.wall_s:.1f} s (run {result.run_id[:8]})")
+        say(f"iteration {key}: done in {o.wall_s:.1f} s" + (f", {extra}" if extra else "")
+            + f" (run {result.run_id[:8]})")
     return o
 
 

@@ -19,7 +19,7 @@ import dagster as dg
 
 from .assets import build_assets
 from .checks import ALL_CHECKS
-from .container_steps import step_executor
+from .step_executor import step_executor
 from .settings import SpogwConfig, load_config
 from .io_manager import ParquetIOManager
 from .locks import locking_in_process_executor
@@ -60,7 +60,7 @@ def build_definitions(
         jobs=[job, comparison],
         sensors=[build_sensor(job, cfg.iterations, cfg.hash, running=cfg.loop.sensor)],
         resources={"pipeline": pipeline, "io_manager": ParquetIOManager(assets_dir=str(root))},
-        # SPOGW_STEP_EXECUTOR=docker: each step in its own container (container_steps.py), under the same lock
+        # SPOGW_STEP_EXECUTOR=docker: each step in its own container (step_executor.py), under the same lock
         executor=step_executor(root) or locking_in_process_executor(root),
     )
 
