@@ -1,4 +1,4 @@
-"""SPOGW data curation: sampled workflows → screened groups → sharpened groups with advantages (the algorithm as README.md specifies it).
+"""SPOGW data curation: sampled workflows → screened groups → sharpened groups with advantages (the algorithm as docs/algorithm.md specifies it).
 
 Pure functions over Polars frames; no Dagster, no model. The stages, in order, each usable on its own so that an
 asset can store its own stage:

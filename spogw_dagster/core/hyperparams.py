@@ -64,7 +64,7 @@ class _FromDict:
 
 @dataclass(frozen=True)
 class CurationConfig(_FromDict):
-    """Filtering, grouping, screening, sharpening and advantages (the algorithm as README.md specifies it).
+    """Filtering, grouping, screening, sharpening and advantages (the algorithm as docs/algorithm.md specifies it).
 
     m         workflows sampled per query (paper: 16). Curation itself works with however many usable rows a
               query has; m is checked against n and 2t so that an impossible setting fails before sampling.
@@ -149,7 +149,7 @@ class CurationConfig(_FromDict):
 
 @dataclass(frozen=True)
 class ObjectiveConfig(_FromDict):
-    """Loss selection and its hyperparameters (the algorithm as README.md specifies it). The only declaration of these fields:
+    """Loss selection and its hyperparameters (the algorithm as docs/algorithm.md specifies it). The only declaration of these fields:
     `core.trainer.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
 
     objective    one of OBJECTIVE_NAMES.

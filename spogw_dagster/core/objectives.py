@@ -1,4 +1,4 @@
-"""Training objectives of SPOGW and of the baselines it stands beside (the algorithm as README.md specifies it). Pure torch, no model.
+"""Training objectives of SPOGW and of the baselines it stands beside (the algorithm as docs/algorithm.md specifies it). Pure torch, no model.
 
 Inputs are per-token log-probs of the *sampled workflow tokens* (the caller gathers them from the logits):
 

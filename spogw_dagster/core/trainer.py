@@ -2,7 +2,7 @@
 
 One call trains one iteration: ``train_lora(examples, cfg, output_dir, base_model, previous_adapter)``.
 
-Policies (the algorithm as README.md specifies it), with π_{k−1} = base + previous adapter (the base model when there is none):
+Policies (the algorithm as docs/algorithm.md specifies it), with π_{k−1} = base + previous adapter (the base model when there is none):
 
 * **π_old** is the policy that produced the data, π_{k−1}. ``cfg.old_logprobs="recompute"`` (default)
   computes it before training, under ``no_grad`` and in eval mode, with the previous adapter loaded as a

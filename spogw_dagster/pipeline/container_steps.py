@@ -8,7 +8,7 @@ The image (IMAGE) is a skeleton built in seconds with no registry, in the style 
 import` of a tar holding only this host's top-level layout; the step sees the host's /usr, the interpreter's
 prefix, the repository and its venv read-only at their own paths (so no pip inside a build, and a code change
 needs no rebuild), and read-write, at their own paths: the assets directory (Parquet, adapters, the call cache
-`call_cache.sqlite`, `catalog.duckdb`), the Dagster instance ($DAGSTER_HOME: sqlite run/event storage and
+`call_cache.sqlite`, `spogw.duckdb`), the Dagster instance ($DAGSTER_HOME: sqlite run/event storage and
 compute logs) and our cache directory (converted models). So the engine must run on this host. docker/Dockerfile
 is the self-contained image for an engine elsewhere (`docker/build_image.sh` builds it as spogw:latest; select it
 with SPOGW_STEP_IMAGE=spogw:latest): its steps run the image's own Python, venv and code (at this repository's

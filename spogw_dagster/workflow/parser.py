@@ -124,125 +124,170 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 
 def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits()) -> ParsedWorkflow:
-    """Check workflow code against the rules; raise WorkflowRejected(INVALID, reason) on the first breach."""
-    offered = set(operator_names(family))
+    """Check workflow code against the rules; raise WorkflowRejected(INVALID, reason) on the first breach
+    (size, then the class's shape, then every syntax node in `ast.walk` order, then the call sites)."""
+    tree, nodes = _parse_bounded(code, limits)
+    cls, methods = _workflow_class(tree)
+    scope = _Scope.of(tree, nodes, cls, methods, family)
+    calls = [op for node in nodes if (op := _check_node(node, scope)) is not None]
+    if not calls:
+        raise _bad("the workflow calls no operator")
+    try:  # what ast.parse accepts but the compiler refuses, e.g. a repeated keyword argument
+        compile(tree, "<workflow>", "exec")
+    except (SyntaxError, ValueError) as e:
+        raise _bad(f"syntax error: {getattr(e, 'msg', e)}") from None
+    if len(calls) > limits.max_operator_call_sites:
+        raise _bad(f"workflow has {len(calls)} operator call sites; the limit is {limits.max_operator_call_sites}")
+    return ParsedWorkflow(code=code, operator_call_sites=len(calls), operators_used=tuple(sorted(set(calls))))
 
-    def bad(reason: str) -> WorkflowRejected:
-        return WorkflowRejected(Status.INVALID, reason)
 
+def _bad(reason: str) -> WorkflowRejected:
+    return WorkflowRejected(Status.INVALID, reason)
+
+
+def _parse_bounded(code: str, limits: ValidationLimits) -> tuple[ast.Module, list[ast.AST]]:
+    """The syntax tree and its nodes, within the size limits."""
     if len(code) > limits.max_chars:
-        raise bad(f"workflow is {len(code)} characters; the limit is {limits.max_chars}")
+        raise _bad(f"workflow is {len(code)} characters; the limit is {limits.max_chars}")
     try:
         tree = ast.parse(code)
         nodes = list(ast.walk(tree))
     except SyntaxError as e:
-        raise bad(f"syntax error: {e.msg} (line {e.lineno})") from None
+        raise _bad(f"syntax error: {e.msg} (line {e.lineno})") from None
     except (RecursionError, MemoryError, ValueError) as e:  # e.g. thousands of nested unary operators
-        raise bad(f"workflow is too deeply nested to parse ({type(e).__name__})") from None
+        raise _bad(f"workflow is too deeply nested to parse ({type(e).__name__})") from None
     if len(nodes) > limits.max_nodes:
-        raise bad(f"workflow has {len(nodes)} syntax nodes; the limit is {limits.max_nodes}")
+        raise _bad(f"workflow has {len(nodes)} syntax nodes; the limit is {limits.max_nodes}")
+    return tree, nodes
 
+
+def _workflow_class(tree: ast.Module) -> tuple[ast.ClassDef, dict[str, ast.AST]]:
+    """The one top-level `class Workflow` (imports and docstrings beside it) and its methods, with `run`."""
     body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
     imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
     classes = [n for n in body if isinstance(n, ast.ClassDef)]
     if len(classes) != 1 or classes[0].name != "Workflow" or len(body) != len(classes) + len(imports):
-        raise bad("the code must define exactly one top-level `class Workflow` and nothing else")
+        raise _bad("the code must define exactly one top-level `class Workflow` and nothing else")
     cls = classes[0]
     if cls.bases or cls.keywords or cls.decorator_list:
-        raise bad("class Workflow must not have bases, keywords or decorators")
+        raise _bad("class Workflow must not have bases, keywords or decorators")
     methods: dict[str, ast.AST] = {}
     for item in cls.body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if item.decorator_list:
-                raise bad(f"method {item.name!r} must not have decorators")
+                raise _bad(f"method {item.name!r} must not have decorators")
             methods[item.name] = item
         elif isinstance(item, ast.Pass) or (isinstance(item, ast.Expr) and isinstance(item.value, ast.Constant)):
             continue
         else:
-            raise bad("class Workflow may contain only methods")
+            raise _bad("class Workflow may contain only methods")
     run = methods.get("run")
     if not isinstance(run, ast.AsyncFunctionDef):
-        raise bad("class Workflow needs an `async def run(self)` method")
+        raise _bad("class Workflow needs an `async def run(self)` method")
     if [a.arg for a in run.args.args] != ["self"] or run.args.vararg or run.args.kwarg or run.args.kwonlyargs:
-        raise bad("`run` must take only `self`")
+        raise _bad("`run` must take only `self`")
     if not any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(run)):
-        raise bad("`run` never returns a value (it must end with `return <solution>`)")
+        raise _bad("`run` never returns a value (it must end with `return <solution>`)")
+    return cls, methods
 
-    bound = _bound_names(tree)
-    self_attrs = {n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
-                  and isinstance(n.value, ast.Name) and n.value.id == "self"}
-    async_methods = {name for name, m in methods.items() if isinstance(m, ast.AsyncFunctionDef)}
-    module_names = {(a.asname or a.name) for n in nodes if isinstance(n, ast.Import) for a in n.names}
-    parent: dict[int, ast.AST] = {}
-    for node in nodes:
-        for child in ast.iter_child_nodes(node):
-            parent[id(child)] = node
-    call_sites = 0
-    used: set[str] = set()
-    for node in nodes:
-        if isinstance(node, _FORBIDDEN_NODES):
-            raise bad(f"`{type(node).__name__}` statements are not allowed in a workflow")
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for m in mods:
-                if m not in ALLOWED_IMPORTS or (isinstance(node, ast.ImportFrom) and node.level):
-                    raise bad(f"import of {m!r} is not allowed (allowed: {sorted(ALLOWED_IMPORTS)})")
-        if isinstance(node, ast.ClassDef) and node is not cls:
-            raise bad("nested classes are not allowed")
-        if isinstance(node, ast.Name):
-            if node.id.startswith("__"):
-                raise bad(f"dunder name {node.id!r} is not allowed")
-            if isinstance(node.ctx, ast.Load) and node.id not in bound and node.id not in SAFE_BUILTINS:
-                raise bad(f"name {node.id!r} is not allowed (not an allowed builtin and never assigned)")
-        if isinstance(node, ast.Attribute):
-            if node.attr.startswith("_") or _FRAME_ATTR.match(node.attr) or node.attr in _FORBIDDEN_ATTRS:
-                raise bad(f"attribute {node.attr!r} is not allowed")
-            on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
-            on_module = isinstance(node.value, ast.Name) and node.value.id in module_names
-            up = parent.get(id(node))
-            if on_self and isinstance(node.ctx, ast.Load):
-                if node.attr in OPERATORS and node.attr not in offered:
-                    raise bad(f"operator {node.attr!r} is not offered for {family} benchmarks; "
-                              f"offered: {sorted(offered)}")
-                if node.attr not in offered and node.attr not in methods and node.attr not in self_attrs:
-                    raise bad(f"`self.{node.attr}` is neither an offered operator nor defined by the workflow")
-                if node.attr in offered or node.attr in async_methods:
-                    # The coroutine must be awaited on the spot: never stored, passed or driven by hand.
-                    awaited = isinstance(up, ast.Call) and up.func is node and isinstance(parent.get(id(up)), ast.Await)
-                    if not awaited:
-                        raise bad(f"`self.{node.attr}(...)` must be called and awaited directly: "
-                                  f"`await self.{node.attr}(...)`")
-            elif not on_self and not on_module:
-                if not (isinstance(up, ast.Call) and up.func is node and node.attr in SAFE_METHODS):
-                    raise bad(f"attribute {node.attr!r} is not allowed (only string, list, dict and set methods, "
-                              f"called directly)")
-        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and (
-            "__" in (node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
-        ):
-            raise bad("string constants containing '__' are not allowed")
-        if isinstance(node, ast.Call):
-            f = node.func
-            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" and f.attr in offered:
-                call_sites += 1
-                used.add(f.attr)
-                spec = OPERATORS[f.attr]
-                if len(node.args) > len(spec.params):
-                    raise bad(f"{f.attr}() takes at most {len(spec.params)} argument(s): {spec.signature}")
-                for kw in node.keywords:
-                    if kw.arg is None or kw.arg not in spec.params:
-                        raise bad(f"{f.attr}() got an unexpected argument {kw.arg!r}: {spec.signature}")
-                given = len(node.args) + len(node.keywords)
-                if given < spec.required:
-                    raise bad(f"{f.attr}() is missing a required argument: {spec.signature}")
-    if call_sites == 0:
-        raise bad("the workflow calls no operator")
-    try:  # what ast.parse accepts but the compiler refuses, e.g. a repeated keyword argument
-        compile(tree, "<workflow>", "exec")
-    except (SyntaxError, ValueError) as e:
-        raise bad(f"syntax error: {getattr(e, 'msg', e)}") from None
-    if call_sites > limits.max_operator_call_sites:
-        raise bad(f"workflow has {call_sites} operator call sites; the limit is {limits.max_operator_call_sites}")
-    return ParsedWorkflow(code=code, operator_call_sites=call_sites, operators_used=tuple(sorted(used)))
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a node's check needs to know about the whole workflow."""
+
+    family: str
+    offered: frozenset[str]  # the operators of the benchmark's family
+    cls: ast.ClassDef
+    methods: dict[str, ast.AST]
+    async_methods: frozenset[str]
+    bound: frozenset[str]  # every name the workflow binds (assignments, arguments, defs, imports)
+    self_attrs: frozenset[str]  # attributes the workflow assigns on self
+    module_names: frozenset[str]  # names of imported modules
+    parent: dict[int, ast.AST]  # id(node) -> its parent node
+
+    @classmethod
+    def of(cls, tree: ast.Module, nodes: list[ast.AST], workflow: ast.ClassDef, methods: dict[str, ast.AST],
+           family: str) -> "_Scope":
+        parent: dict[int, ast.AST] = {}
+        for node in nodes:
+            for child in ast.iter_child_nodes(node):
+                parent[id(child)] = node
+        return cls(
+            family=family, offered=frozenset(operator_names(family)), cls=workflow, methods=methods,
+            async_methods=frozenset(n for n, m in methods.items() if isinstance(m, ast.AsyncFunctionDef)),
+            bound=frozenset(_bound_names(tree)),
+            self_attrs=frozenset(n.attr for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                                 and isinstance(n.value, ast.Name) and n.value.id == "self"),
+            module_names=frozenset((a.asname or a.name) for n in nodes if isinstance(n, ast.Import) for a in n.names),
+            parent=parent)
+
+
+def _check_node(node: ast.AST, sc: _Scope) -> str | None:
+    """Raise on the first rule `node` breaks; the operator's name when it is an operator call site."""
+    if isinstance(node, _FORBIDDEN_NODES):
+        raise _bad(f"`{type(node).__name__}` statements are not allowed in a workflow")
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        for m in mods:
+            if m not in ALLOWED_IMPORTS or (isinstance(node, ast.ImportFrom) and node.level):
+                raise _bad(f"import of {m!r} is not allowed (allowed: {sorted(ALLOWED_IMPORTS)})")
+    if isinstance(node, ast.ClassDef) and node is not sc.cls:
+        raise _bad("nested classes are not allowed")
+    if isinstance(node, ast.Name):
+        if node.id.startswith("__"):
+            raise _bad(f"dunder name {node.id!r} is not allowed")
+        if isinstance(node.ctx, ast.Load) and node.id not in sc.bound and node.id not in SAFE_BUILTINS:
+            raise _bad(f"name {node.id!r} is not allowed (not an allowed builtin and never assigned)")
+    if isinstance(node, ast.Attribute):
+        _check_attribute(node, sc)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and (
+        "__" in (node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
+    ):
+        raise _bad("string constants containing '__' are not allowed")
+    if isinstance(node, ast.Call):
+        return _check_operator_call(node, sc)
+    return None
+
+
+def _check_attribute(node: ast.Attribute, sc: _Scope) -> None:
+    if node.attr.startswith("_") or _FRAME_ATTR.match(node.attr) or node.attr in _FORBIDDEN_ATTRS:
+        raise _bad(f"attribute {node.attr!r} is not allowed")
+    on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+    on_module = isinstance(node.value, ast.Name) and node.value.id in sc.module_names
+    up = sc.parent.get(id(node))
+    if on_self and isinstance(node.ctx, ast.Load):
+        if node.attr in OPERATORS and node.attr not in sc.offered:
+            raise _bad(f"operator {node.attr!r} is not offered for {sc.family} benchmarks; "
+                       f"offered: {sorted(sc.offered)}")
+        if node.attr not in sc.offered and node.attr not in sc.methods and node.attr not in sc.self_attrs:
+            raise _bad(f"`self.{node.attr}` is neither an offered operator nor defined by the workflow")
+        if node.attr in sc.offered or node.attr in sc.async_methods:
+            # The coroutine must be awaited on the spot: never stored, passed or driven by hand.
+            awaited = isinstance(up, ast.Call) and up.func is node and isinstance(sc.parent.get(id(up)), ast.Await)
+            if not awaited:
+                raise _bad(f"`self.{node.attr}(...)` must be called and awaited directly: "
+                           f"`await self.{node.attr}(...)`")
+    elif not on_self and not on_module:
+        if not (isinstance(up, ast.Call) and up.func is node and node.attr in SAFE_METHODS):
+            raise _bad(f"attribute {node.attr!r} is not allowed (only string, list, dict and set methods, "
+                       f"called directly)")
+
+
+def _check_operator_call(node: ast.Call, sc: _Scope) -> str | None:
+    """The operator's name when `node` calls an offered operator on self with arguments its signature takes."""
+    f = node.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+            and f.attr in sc.offered):
+        return None
+    spec = OPERATORS[f.attr]
+    if len(node.args) > len(spec.params):
+        raise _bad(f"{f.attr}() takes at most {len(spec.params)} argument(s): {spec.signature}")
+    for kw in node.keywords:
+        if kw.arg is None or kw.arg not in spec.params:
+            raise _bad(f"{f.attr}() got an unexpected argument {kw.arg!r}: {spec.signature}")
+    if len(node.args) + len(node.keywords) < spec.required:
+        raise _bad(f"{f.attr}() is missing a required argument: {spec.signature}")
+    return f.attr
 
 
 def parse_workflow(text: str, family: str, *, completion: bool = False,

@@ -140,98 +140,122 @@ async def execute_workflow(
     except SandboxStartError as e:  # EAGAIN, EMFILE, a missing binary: ours, before any workflow code ran
         return WorkflowRunResult(Status.EXECUTOR_ERROR, error=f"sandbox failed to start: {e}", isolation=iso.kind,
                                  wall_s=time.monotonic() - t0)
-    stderr = bytearray()
-    status, answer, error = Status.RUNTIME_ERROR, "", ""
-    executor_failed: str | None = None
-    tasks: set[asyncio.Task] = set()
+    status, answer, error = await _Conversation(code, problem, sp, ops, metered, op_cfg, limits).run()
+    return WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.kind,
+                             time.monotonic() - t0, ops.trace)
 
-    async def drain_stderr() -> None:
-        while chunk := await sp.proc.stderr.read(65536):
-            if len(stderr) < 65536:
-                stderr.extend(chunk[: 65536 - len(stderr)])
 
-    def send(obj: dict) -> None:
-        if sp.proc.stdin.is_closing():
+class _Conversation:
+    """One run's exchange with its sandboxed child: the protocol (init, ready, calls, the result), the operator
+    calls it asks for (served concurrently), and the two time budgets the parent enforces."""
+
+    def __init__(self, code: str, problem: Problem, sp, ops: Operators, metered: _FaultTimer,
+                 op_cfg: OperatorConfig, limits: Limits) -> None:
+        self.code, self.problem, self.sp, self.ops, self.metered = code, problem, sp, ops, metered
+        self.op_cfg, self.limits = op_cfg, limits
+        self.stderr = bytearray()
+        self.executor_failed: str | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.inflight = 0  # operator calls being served right now
+        self.op_time = 0.0  # seconds during which at least one operator call was in flight
+        self.op_since = 0.0
+        self.stop: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> tuple[Status, str, str]:
+        """(status, answer, error) of the run; the child and every call in flight are gone when it returns."""
+        drain = asyncio.create_task(self._drain_stderr())
+        conv = asyncio.create_task(self._converse())
+        try:
+            status, answer, error = await self._supervise(conv)
+        finally:
+            for t in [conv, *self.tasks]:
+                t.cancel()
+            await self.sp.close()
+            drain.cancel()
+            await asyncio.gather(conv, drain, *self.tasks, return_exceptions=True)
+        if self.executor_failed is not None:  # even if the workflow caught the failed call: not its fault
+            return Status.EXECUTOR_ERROR, "", f"executor failed: {self.executor_failed}"
+        return status, answer, error
+
+    async def _drain_stderr(self) -> None:
+        while chunk := await self.sp.proc.stderr.read(65536):
+            if len(self.stderr) < 65536:
+                self.stderr.extend(chunk[: 65536 - len(self.stderr)])
+
+    def _send(self, obj: dict) -> None:
+        if self.sp.proc.stdin.is_closing():
             return
         try:
-            sp.proc.stdin.write((json.dumps(obj) + "\n").encode())
+            self.sp.proc.stdin.write((json.dumps(obj) + "\n").encode())
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    inflight = 0  # operator calls being served right now
-    op_time = 0.0  # seconds during which at least one operator call was in flight
-    op_since = 0.0
-
-    def served_s() -> float:
+    def _served_s(self) -> float:
         """Seconds this run's operator calls were served: executor replies, request faults, code runs."""
-        return metered.usage.latency_s + metered.fault_s + ops.code_s
+        return self.metered.usage.latency_s + self.metered.fault_s + self.ops.code_s
 
-    def over_budget() -> str | None:
+    def _over_budget(self) -> str | None:
         """Why the operator-time budget is spent, or None."""
-        served = served_s()
-        if served <= op_cfg.max_operator_wall_s:
+        served = self._served_s()
+        if served <= self.op_cfg.max_operator_wall_s:
             return None
         return (f"operator calls took {served:.0f}s of executor and sandbox time, over the budget of "
-                f"{op_cfg.max_operator_wall_s:g}s")
+                f"{self.op_cfg.max_operator_wall_s:g}s")
 
-    async def serve(msg: dict) -> None:
-        nonlocal executor_failed, inflight, op_time, op_since
+    async def _serve(self, msg: dict) -> None:
         call_id = msg.get("id")
         op = str(msg.get("op"))
-        spent = over_budget()
+        spent = self._over_budget()
         if spent:  # a call starts only while the operator-time budget lasts
             raise _Stop(Status.TIMEOUT, spent)
-        if inflight == 0:
-            op_since = time.monotonic()
-        inflight += 1
+        if self.inflight == 0:
+            self.op_since = time.monotonic()
+        self.inflight += 1
         try:
-            value = await ops.call(op, list(msg.get("args") or []), dict(msg.get("kwargs") or {}))
-            send({"type": "reply", "id": call_id, "ok": True, "value": value})
+            value = await self.ops.call(op, list(msg.get("args") or []), dict(msg.get("kwargs") or {}))
+            self._send({"type": "reply", "id": call_id, "ok": True, "value": value})
         except PromptTooLongError as e:  # the workflow built a prompt the executor cannot take: its fault
-            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op}: prompt too long for the executor ({e})"})
+            self._reply_error(call_id, f"{op}: prompt too long for the executor ({e})")
         except RequestFaultError as e:  # the executor fails on this request but serves others: its content's fault
-            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op}: the executor failed on this request ({e})"})
+            self._reply_error(call_id, f"{op}: the executor failed on this request ({e})")
         except ExecutorError as e:
-            executor_failed = str(e)
+            self.executor_failed = str(e)
             raise _Stop(Status.EXECUTOR_ERROR, f"executor failed: {e}") from None
         except SandboxStartError as e:  # our infrastructure, not the workflow
             raise _Stop(Status.EXECUTOR_ERROR, f"sandbox failed while serving {op}: {e}") from None
         except BudgetExceeded as e:
             raise _Stop(Status.RUNTIME_ERROR, str(e)) from None
         except OperatorCallError as e:
-            send({"type": "reply", "id": call_id, "ok": False, "error": str(e)})
+            self._reply_error(call_id, str(e))
         except (RecursionError, MemoryError) as e:  # our parsing choked on a pathological workflow-made string
-            send({"type": "reply", "id": call_id, "ok": False, "error": f"{op} failed on its input ({type(e).__name__})"})
+            self._reply_error(call_id, f"{op} failed on its input ({type(e).__name__})")
         except Exception as e:  # a bug of ours, tripped by this run's input: the run fails, loudly (never excluded)
-            log.exception("internal error serving operator %s for %s", op, problem.id)
+            log.exception("internal error serving operator %s for %s", op, self.problem.id)
             raise _Stop(Status.RUNTIME_ERROR, f"{INTERNAL_ERROR} serving {op}: {type(e).__name__}: {e}") from None
         finally:
-            inflight -= 1
-            if inflight == 0:
-                op_time += time.monotonic() - op_since
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.op_time += time.monotonic() - self.op_since
 
-    async def converse() -> tuple[Status, str, str]:
-        init = {"type": "init", "code": code, "operators": list(operator_names(problem.family)),
-                "builtins": sorted(SAFE_BUILTINS), "imports": sorted(ALLOWED_IMPORTS), "max_print_bytes": 65536}
-        send(init)
+    def _reply_error(self, call_id, error: str) -> None:
+        self._send({"type": "reply", "id": call_id, "ok": False, "error": error})
+
+    async def _converse(self) -> tuple[Status, str, str]:
+        names = operator_names(self.problem.family)
+        self._send({"type": "init", "code": self.code, "operators": list(names), "builtins": sorted(SAFE_BUILTINS),
+                    "imports": sorted(ALLOWED_IMPORTS), "max_print_bytes": 65536})
         received = 0
         ready = False
+        proc = self.sp.proc
         while True:
             try:
-                line = await sp.proc.stdout.readline()
+                line = await proc.stdout.readline()
             except (asyncio.LimitOverrunError, ValueError):
                 return Status.SANDBOX_VIOLATION, "", "protocol line too long"
             if not line:
-                await sp.proc.wait()
-                by_signal = signal_status(sp.proc.returncode)
-                tail = stderr.decode(errors="replace").strip()[-300:]
-                if not ready:  # the runner never came up: bwrap/setpriv/python failed, not the workflow
-                    raise _Stop(Status.EXECUTOR_ERROR, f"sandbox failed to start (rc={sp.proc.returncode}): {tail}")
-                if by_signal == Status.TIMEOUT:
-                    return Status.TIMEOUT, "", "CPU-time limit exceeded"
-                return Status.RUNTIME_ERROR, "", f"workflow process exited without a result (rc={sp.proc.returncode}) {tail}".strip()
+                return await self._ended(ready)
             received += len(line)
-            if received > limits.max_output_bytes:
+            if received > self.limits.max_output_bytes:
                 return Status.SANDBOX_VIOLATION, "", "protocol output limit exceeded"
             try:
                 msg = clean_json(json.loads(line))  # lone surrogates become '?': valid text from here on
@@ -241,9 +265,9 @@ async def execute_workflow(
             if kind == "ready" and not ready:
                 ready = True
             elif kind == "call" and ready:
-                task = asyncio.create_task(serve(msg))
-                tasks.add(task)
-                task.add_done_callback(_check_task)
+                task = asyncio.create_task(self._serve(msg))
+                self.tasks.add(task)
+                task.add_done_callback(self._check_task)
             elif kind == "result":
                 ans = msg.get("answer")
                 if not isinstance(ans, str):
@@ -255,64 +279,57 @@ async def execute_workflow(
             else:
                 return Status.SANDBOX_VIOLATION, "", f"unknown message type {kind!r}"
 
-    stop: asyncio.Future = asyncio.get_running_loop().create_future()
+    async def _ended(self, ready: bool) -> tuple[Status, str, str]:
+        """The child closed its protocol channel without a result."""
+        proc = self.sp.proc
+        await proc.wait()
+        by_signal = signal_status(proc.returncode)
+        tail = self.stderr.decode(errors="replace").strip()[-300:]
+        if not ready:  # the runner never came up: bwrap/setpriv/python failed, not the workflow
+            raise _Stop(Status.EXECUTOR_ERROR, f"sandbox failed to start (rc={proc.returncode}): {tail}")
+        if by_signal == Status.TIMEOUT:
+            return Status.TIMEOUT, "", "CPU-time limit exceeded"
+        return Status.RUNTIME_ERROR, "", f"workflow process exited without a result (rc={proc.returncode}) {tail}".strip()
 
-    def _check_task(task: asyncio.Task) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and isinstance(task.exception(), _Stop) and not stop.done():
-            stop.set_result(task.exception())
+    def _check_task(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and isinstance(task.exception(), _Stop) and not self.stop.done():
+            self.stop.set_result(task.exception())
 
-    drain = asyncio.create_task(drain_stderr())
-    conv = asyncio.create_task(converse())
-    t_start = time.monotonic()
-    budget_s = op_cfg.max_operator_wall_s
-    backstop = t_start + limits.wall_s + WAIT_BACKSTOP_FACTOR * budget_s
-    try:
-        # The workflow's wall budget counts only time when no operator call is in flight: a slow or
-        # retrying executor must not turn into the workflow's `timeout` (its CPU rlimit still applies).
-        # Its operator-time budget counts the time its calls were served (executor replies, code runs, calls
-        # that failed on their own content), not time spent waiting for a free executor.
+    async def _supervise(self, conv: asyncio.Task) -> tuple[Status, str, str]:
+        """Wait for the conversation's end under both budgets. The workflow's wall budget counts only time when
+        no operator call is in flight: a slow or retrying executor must not turn into the workflow's `timeout`
+        (its CPU rlimit still applies). Its operator-time budget counts the time its calls were served
+        (executor replies, code runs, calls that failed on their own content), not time spent waiting for a
+        free executor."""
+        t_start = time.monotonic()
+        budget_s = self.op_cfg.max_operator_wall_s
+        backstop = t_start + self.limits.wall_s + WAIT_BACKSTOP_FACTOR * budget_s
         while True:
             now = time.monotonic()
-            busy = op_time + (now - op_since if inflight else 0.0)
-            left = limits.wall_s - (now - t_start - busy)
-            spent = over_budget()
+            busy = self.op_time + (now - self.op_since if self.inflight else 0.0)
+            left = self.limits.wall_s - (now - t_start - busy)
+            spent = self._over_budget()
             if spent:
-                status, error = Status.TIMEOUT, spent
-                break
-            wait = min(5.0 if inflight else left, backstop - now)
+                return Status.TIMEOUT, "", spent
+            wait = min(5.0 if self.inflight else left, backstop - now)
             if wait <= 0:
                 if now < backstop:
-                    status, error = Status.TIMEOUT, (f"wall-clock limit of {limits.wall_s}s exceeded (time in "
-                                                     "operator calls excluded)")
-                else:  # never an excluded status: our own operator code may be what stalled (a policy could
-                    # find such an input); loud instead (logged, counted by the no_internal_errors check)
-                    status = Status.RUNTIME_ERROR
-                    served = served_s()
-                    error = (f"{INTERNAL_ERROR}: operator calls were in flight for over {WAIT_BACKSTOP_FACTOR}x "
-                             f"the operator-time budget of {budget_s:g}s but served for {served:.0f}s: the "
-                             "executor is overloaded, or our operator code stalled")
-                    log.error("%s: %s", problem.id, error)
-                break
-            done, _ = await asyncio.wait({conv, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            if stop in done:
-                s: _Stop = stop.result()
-                status, error = s.status, s.error
-                break
+                    return Status.TIMEOUT, "", (f"wall-clock limit of {self.limits.wall_s}s exceeded (time in "
+                                                "operator calls excluded)")
+                # never an excluded status: our own operator code may be what stalled (a policy could find such
+                # an input); loud instead (logged, counted by the no_internal_errors check)
+                error = (f"{INTERNAL_ERROR}: operator calls were in flight for over {WAIT_BACKSTOP_FACTOR}x "
+                         f"the operator-time budget of {budget_s:g}s but served for {self._served_s():.0f}s: the "
+                         "executor is overloaded, or our operator code stalled")
+                log.error("%s: %s", self.problem.id, error)
+                return Status.RUNTIME_ERROR, "", error
+            done, _ = await asyncio.wait({conv, self.stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if self.stop in done:
+                s: _Stop = self.stop.result()
+                return s.status, "", s.error
             if conv in done:
                 exc = conv.exception()
                 if isinstance(exc, _Stop):
-                    status, error = exc.status, exc.error
-                else:
-                    status, answer, error = conv.result()
-                break
-    finally:
-        for t in [conv, *tasks]:
-            t.cancel()
-        await sp.close()
-        drain.cancel()
-        await asyncio.gather(conv, drain, *tasks, return_exceptions=True)
-    if executor_failed is not None:  # even if the workflow caught the failed call: not the workflow's fault
-        status, answer, error = Status.EXECUTOR_ERROR, "", f"executor failed: {executor_failed}"
-    return WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.kind,
-                             time.monotonic() - t0, ops.trace)
+                    return exc.status, "", exc.error
+                return conv.result()
