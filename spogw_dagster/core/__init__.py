@@ -12,7 +12,6 @@ _EXPORTS = {
     "ConfigError": "hyperparams",
     "CurationConfig": "hyperparams",
     "ObjectiveConfig": "hyperparams",
-    "OBJECTIVE_NAMES": "hyperparams",
     "CurationResult": "curation",
     "curate": "curation",
     "sample_preference_pairs": "curation",

@@ -12,15 +12,14 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
+from . import registry
+
 __all__ = [
     "ConfigError",
     "CurationConfig",
     "ObjectiveConfig",
-    "OBJECTIVE_NAMES",
 ]
 
-#: Every loss that `objectives.compute_loss` dispatches on.
-OBJECTIVE_NAMES: tuple[str, ...] = ("spogw", "grpo", "grpo_nokl", "score_dpo", "rwr")
 RWR_REWARDS: tuple[str, ...] = ("w4s", "score")
 
 
@@ -152,7 +151,7 @@ class ObjectiveConfig(_FromDict):
     """Loss selection and its hyperparameters (the algorithm as docs/algorithm.md specifies it). The only declaration of these fields:
     `core.trainer.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
 
-    objective    one of OBJECTIVE_NAMES.
+    objective    the name of a registered objective (`core.registry`: spogw, grpo, grpo_nokl, score_dpo, rwr).
     beta         KL coefficient β of spogw/grpo (paper's best: 0.1). `grpo_nokl` ignores it (β = 0).
     clip_eps     ε_c of the clipped surrogate: ρ is clipped to [1 − ε_c, 1 + ε_c]. Default 0.2 (TRL, PPO).
     dpo_beta     β of Score-DPO (ScoreFlow: 0.1).
@@ -196,8 +195,8 @@ class ObjectiveConfig(_FromDict):
 
     def __post_init__(self) -> None:
         c = type(self).__name__
-        if self.objective not in OBJECTIVE_NAMES:
-            raise ConfigError(f"{c}.objective={self.objective!r}: choose one of {list(OBJECTIVE_NAMES)}.")
+        if self.objective not in registry.names():
+            raise ConfigError(f"{c}.objective={self.objective!r}: choose one of {list(registry.names())}.")
         for name in ("beta", "clip_eps", "dpo_beta", "dpo_pair_power", "rwr_temperature"):
             _require_real(c, name, getattr(self, name))
         _require_int(c, "seed", self.seed)
@@ -235,27 +234,30 @@ class ObjectiveConfig(_FromDict):
             raise ConfigError(f"{c}.rwr_normalize_weights must be True or False, got {self.rwr_normalize_weights!r}.")
 
     @property
+    def spec(self) -> "registry.Objective":
+        """The objective's declaration (`core.registry`): its data, policies and log-prob temperature."""
+        return registry.get(self.objective)
+
+    @property
     def effective_beta(self) -> float:
-        """β as the loss applies it: 0 for `grpo_nokl`, `beta` otherwise."""
-        return 0.0 if self.objective == "grpo_nokl" else float(self.beta)
+        """β as the loss applies it: 0 for an objective without a KL term (`grpo_nokl`), `beta` otherwise."""
+        return self.spec.effective_beta(self.beta)
 
     @property
     def needs_ref(self) -> bool:
-        """Whether the loss reads π_ref: score_dpo always, spogw/grpo when β > 0."""
-        return self.objective == "score_dpo" or (self.objective in ("spogw", "grpo") and self.beta > 0)
+        """Whether the loss reads π_ref (score_dpo always, spogw/grpo when β > 0)."""
+        return self.spec.needs_ref(self.beta)
 
     @property
     def needs_old(self) -> bool:
         """Whether the loss reads π_old (the clipped ratio)."""
-        return self.objective in ("spogw", "grpo", "grpo_nokl")
+        return self.spec.uses_old
 
     def logprob_temperature(self, sampling_temperature: float) -> float:
         """The T of log softmax(logits / T) for every log-prob the trainer computes (π_θ, π_old, π_ref):
         1.0 for score_dpo and rwr (ScoreFlow's TRL DPO and W4S score at T = 1), the sampling temperature for
         spogw / grpo / grpo_nokl (π_old is the sampler's distribution)."""
-        if self.objective in ("score_dpo", "rwr"):
-            return 1.0
-        return float(sampling_temperature)
+        return self.spec.temperature(sampling_temperature)
 
     def objective_config(self) -> "ObjectiveConfig":
         """Just the objective's fields (a `TrainConfig` carries them among its own)."""

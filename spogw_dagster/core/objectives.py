@@ -59,12 +59,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from .hyperparams import OBJECTIVE_NAMES, ObjectiveConfig
+from . import registry
+from .hyperparams import ObjectiveConfig
 
 __all__ = [
     "LossBatch",
@@ -78,7 +78,6 @@ __all__ = [
     "sample_pairs",
     "compute_loss",
     "unique_advantage_weights",
-    "OBJECTIVES",
 ]
 
 Tensor = torch.Tensor
@@ -621,23 +620,12 @@ def _run_rwr(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
     )
 
 
-OBJECTIVES: dict[str, Callable[[LossBatch, ObjectiveConfig], LossOutput]] = {
-    "spogw": _run_spogw,
-    "grpo": _run_grpo,
-    "grpo_nokl": _run_grpo_nokl,
-    "score_dpo": _run_score_dpo,
-    "rwr": _run_rwr,
-}
-assert set(OBJECTIVES) == set(OBJECTIVE_NAMES)
-
-
 def compute_loss(name: str, batch: LossBatch, cfg: ObjectiveConfig | None = None) -> LossOutput:
     """Run objective `name` on `batch` with the hyperparameters of `cfg` (default: ObjectiveConfig(objective=name)).
 
     `name` wins over cfg.objective, so one config can serve several objectives in an ablation.
     """
-    if name not in OBJECTIVES:
-        raise ValueError(f"unknown objective {name!r}; choose one of {list(OBJECTIVE_NAMES)}")
+    loss = registry.loss_function(name)  # the registered objectives (core.registry)
     if cfg is None:
         cfg = ObjectiveConfig(objective=name)
-    return OBJECTIVES[name](batch, cfg)
+    return loss(batch, cfg)

@@ -99,7 +99,7 @@ class TrainConfig(ObjectiveConfig):
                 training passes. Micro-batches keep the rows of one prompt together in both modes (see
                 `_batches`), so a micro-batch of batch_size rows usually holds one or two prompts. With
                 lora_dropout > 0 the rows of one prompt share the prompt's dropout mask.
-    Unique rows: aggregate_unique (default True; spogw / grpo / grpo_nokl only, ignored by score_dpo and rwr).
+    Unique rows: aggregate_unique (default True; objectives trained on groups only: spogw / grpo / grpo_nokl).
                 With overlapping groups (the paper's C(16, 14) = 120 groups per query sharpened to 2t = 8
                 rows) the data repeat each of ~12 distinct workflows 10-105 times (~960 rows per query).
                 True trains on one row per distinct (prompt tokens, completion tokens, recorded π_old)
@@ -225,7 +225,7 @@ class TrainConfig(ObjectiveConfig):
     @property
     def aggregates(self) -> bool:
         """Whether this run trains on unique workflows (aggregate_unique, for the GRPO family)."""
-        return self.aggregate_unique and self.objective in ("spogw", "grpo", "grpo_nokl")
+        return self.aggregate_unique and self.spec.aggregates
 
     @property
     def logprob_T(self) -> float:
@@ -237,7 +237,7 @@ class TrainConfig(ObjectiveConfig):
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
         d["adam_betas"] = list(self.adam_betas)
-        if d.get("objective") != "rwr":  # only rwr reads it: every other run keeps its run hash
+        if self.spec.data != "candidates":  # only W4S's candidates read it: every other run keeps its run hash
             d.pop("rwr_reward", None)
         return d
 
@@ -392,7 +392,7 @@ def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_
                     f"example {i}: {len(e.old_logprobs)} old_logprobs for {len(c)} completion tokens"
                 )
             old = [float(v) for v in e.old_logprobs]
-        if cfg.objective in ("score_dpo", "rwr"):
+        if cfg.spec.uses_scores:
             if e.score is None or not math.isfinite(float(e.score)):
                 raise ValueError(f"example {i}: objective {cfg.objective!r} needs a finite score")
         if cfg.max_completion_tokens is not None and len(c) > cfg.max_completion_tokens:
@@ -402,7 +402,7 @@ def _tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[_
             _Item(i, p, c, float(e.advantage), None if e.score is None else float(e.score), e.group_id, old,
                   role=e.role)
         )
-    if cfg.objective == "score_dpo":
+    if cfg.spec.data == "pairs":
         _check_pairs(items)
     return items
 
@@ -437,13 +437,13 @@ def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Ite
     cut into micro-batches of batch_size rows. A micro-batch thus holds one prompt's rows, or the tail of one
     prompt and the head of the next, never more than batch_size rows (bounded memory), and the shared-prompt
     forward runs each prompt once per micro-batch. The same batches feed both forward paths, so
-    ``shared_prompt`` changes only how a batch is computed. score_dpo shuffles whole groups (a pair is the
-    two rows of one group_id) and keeps each group in one micro-batch; a group larger than batch_size is a
+    ``shared_prompt`` changes only how a batch is computed. An objective trained on pairs (score_dpo) shuffles
+    whole groups (a pair is the two rows of one group_id) and keeps each group in one micro-batch; a group larger than batch_size is a
     micro-batch of its own."""
     import torch
 
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
-    if cfg.objective != "score_dpo":
+    if cfg.spec.data != "pairs":
         units = [[it] for it in items]
     else:
         groups: dict[Any, list[_Item]] = {}
@@ -457,7 +457,7 @@ def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Ite
     ordered: list[list[_Item]] = []
     for i in torch.randperm(len(prompts), generator=g).tolist():
         ordered += [prompts[i][j] for j in torch.randperm(len(prompts[i]), generator=g).tolist()]
-    if cfg.objective != "score_dpo":
+    if cfg.spec.data != "pairs":
         rows = [u[0] for u in ordered]
         return [rows[s : s + cfg.batch_size] for s in range(0, len(rows), cfg.batch_size)]
     out: list[list[_Item]] = []
@@ -586,7 +586,7 @@ def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, de
         advantages=col([x.advantage for x in mb]),
         scores=col([x.score if x.score is not None else 0.0 for x in mb]),
         group_ids=_group_ids(mb),
-        pairs=_explicit_pairs(mb) if cfg.objective == "score_dpo" else None,
+        pairs=_explicit_pairs(mb) if cfg.spec.data == "pairs" else None,
     )
     if any(x.members is not None for x in mb):  # unique-workflow rows (`_aggregate`)
         lb.adv_pos, lb.adv_neg = col([x.adv_pos for x in mb]), col([x.adv_neg for x in mb])

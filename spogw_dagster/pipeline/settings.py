@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from spogw_dagster.core import registry
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
@@ -294,7 +295,8 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         d = handler(self)
         # only rwr reads it: other objectives keep their hash; an rwr config's hash changes with it (its
         # reward used to be the ladder score, so its old results are not this method's)
-        if isinstance(d, dict) and d.get("objective") != "rwr":
+        obj = d.get("objective") if isinstance(d, dict) else None
+        if isinstance(d, dict) and (obj not in registry.names() or registry.get(obj).data != "candidates"):
             d.pop("rwr_reward", None)
         return d
 

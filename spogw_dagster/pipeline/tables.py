@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 import polars as pl
 
 from spogw_dagster.contracts import Status
+from spogw_dagster.core import registry
 
 from .rewards import Ladder, executes_share, is_trivial, ladder_reward
 
@@ -297,9 +298,10 @@ def pair_seed(seed: int, iteration: int) -> int:
 def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
                   ocfg, iteration: int) -> tuple[list, pl.DataFrame]:
     """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
-    if objective == "score_dpo":
+    data = registry.get(objective).data  # what the objective trains on (core.registry)
+    if data == "pairs":
         return score_dpo_training_data(sampled, scores, ocfg, iteration)
-    if objective == "rwr":
+    if data == "candidates":
         return rwr_training_data(sampled, scores, ocfg, iteration)
     return sharpened_training_data(sharpened, sampled, objective, iteration)
 
@@ -353,7 +355,7 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
         gid = f"pair:{p['draw']}"
         for role, idx in (("chosen", p["chosen_idx"]), ("rejected", p["rejected_idx"])):
             r = by_key[(p["query_id"], idx)]
-            rows.append({"iteration": iteration, "objective": "score_dpo", "example_idx": len(examples),
+            rows.append({"iteration": iteration, "objective": ocfg.objective, "example_idx": len(examples),
                          "query_id": p["query_id"], "sample_idx": idx, "role": role, "group_id": gid,
                          "draw": p["draw"], "weight": p["weight"], "probability": p["probability"],
                          "score": float(r["score"])})
@@ -377,7 +379,7 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
     examples, rows = [], []
     for r, rew in zip(cands.iter_rows(named=True), r_of):
         w = math.exp(rew / ocfg.rwr_temperature)
-        rows.append({"iteration": iteration, "objective": "rwr", "example_idx": len(examples),
+        rows.append({"iteration": iteration, "objective": ocfg.objective, "example_idx": len(examples),
                      "query_id": r["query_id"], "sample_idx": r["sample_idx"], "role": "candidate",
                      "weight": w, "score": rew})
         examples.append(_example({**r, "score": rew}, group_id=r["query_id"]))

@@ -103,13 +103,9 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
 
     tcfg = cfg.train_config()
     if not examples:
-        why = ("no group survived screening" if tcfg.objective not in ("score_dpo", "rwr") else
-               "no scored candidate pair with different scores" if tcfg.objective == "score_dpo" else
-               "no scored candidate")
-        context.log.warning(f"no training examples ({why}): the parent policy is carried "
-                            "forward unchanged as this iteration's checkpoint")
-        reason = ("no training examples: every group was screened out" if tcfg.objective not in ("score_dpo", "rwr")
-                  else f"no training examples: {why}")
+        reason = tcfg.spec.no_data  # the objective's own words (core.registry)
+        context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
+                            "checkpoint")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
                              reason=reason), False
     say(context, f"training {tcfg.objective} on {len(examples)} examples "
