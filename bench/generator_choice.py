@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from spogw_dagster.contracts import SamplingParams  # noqa: E402
 from spogw_dagster.core.sampling import make_sampler  # noqa: E402
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora  # noqa: E402
-from spogw_dagster.evaluation import split_problems  # noqa: E402
+from spogw_dagster.benchmarks.queries import split_problems  # noqa: E402
 from spogw_dagster.pipeline.settings import load_config  # noqa: E402
 from spogw_dagster.pipeline.tables import parse_completion  # noqa: E402
 from spogw_dagster.workflow.copies import copied_from, distinct_count  # noqa: E402

@@ -235,7 +235,7 @@ def _random_adapter(model_dir: str, out: Path, r: int = 16, seed: int = 0) -> Pa
 
 
 def _prompts(n: int) -> list[str]:
-    from spogw_dagster.evaluation import split_problems
+    from spogw_dagster.benchmarks.queries import split_problems
 
     problems, _ = split_problems("humaneval", "validation", limit=None, seed=0)  # never the test split
     qs = [p.question for p in problems]

@@ -137,7 +137,8 @@ def _sandbox_and_executor(args):
 
 
 async def _exec_workflow(args) -> int:
-    from .evaluation import evaluate_text, get_problem
+    from .benchmarks.queries import get_problem
+    from .evaluation import evaluate_text
 
     problem = get_problem(args.benchmark, args.query, path=args.data_path)
     text = Path(args.workflow).read_text()
@@ -159,12 +160,8 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .evaluation import (
-        baseline_workflow,
-        evaluate_many,
-        held_out_problems,
-        summarize,
-    )
+    from .benchmarks.queries import held_out_problems
+    from .evaluation import baseline_workflow, evaluate_many, summarize
 
     problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     code = baseline_workflow(problems[0].family, args.method)

@@ -15,9 +15,8 @@ from spogw_dagster.evaluation import (
     PERSONAS,
     SELF_REFINE_ROUNDS,
     baseline_workflow,
-    get_problem,
-    held_out_problems,
 )
+from spogw_dagster.benchmarks.queries import get_problem, held_out_problems
 from spogw_dagster.isolation import detect_isolation
 from spogw_dagster.workflow.operators import OperatorConfig, vote_key
 from spogw_dagster.workflow.parser import parse_workflow, validate

@@ -196,7 +196,7 @@ def test_validation_split_for_choosing_settings():
     import hashlib
 
     from spogw_dagster.benchmarks.splits import ids_sha256
-    from spogw_dagster.evaluation import held_out_problems, split_problems
+    from spogw_dagster.benchmarks.queries import held_out_problems, split_problems
 
     val, info = split_problems("humaneval", "validation")
     test, tinfo = split_problems("humaneval", "test", limit=20)

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from spogw_dagster.benchmarks import CodeSandbox, hidden_test_job, score
-from spogw_dagster.evaluation import SCORING_LIMITS, evaluate_workflow, get_problem, held_out_problems
+from spogw_dagster.benchmarks.queries import get_problem, held_out_problems
+from spogw_dagster.evaluation import SCORING_LIMITS, evaluate_workflow
 from spogw_dagster.executors import CachingExecutor, CallCache
 from spogw_dagster.executors.embedded import EmbeddedExecutor
 from spogw_dagster.isolation import detect_isolation

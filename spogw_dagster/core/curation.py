@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import hashlib
 import itertools
 import math
 import random
@@ -62,6 +61,7 @@ import numpy as np
 import polars as pl
 
 from spogw_dagster.contracts import Status
+from spogw_dagster.seeds import derive_seed
 
 from .hyperparams import CurationConfig
 
@@ -431,11 +431,6 @@ def filter_near_duplicates(df: pl.DataFrame, tau_sim: float) -> tuple[pl.DataFra
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _query_seed(seed: int, iteration: int, query_id: str) -> int:
-    h = hashlib.sha256(f"{seed}\x1f{iteration}\x1f{query_id}".encode()).digest()
-    return int.from_bytes(h[:8], "big")
-
-
 def _unrank_combination(rank: int, m: int, n: int) -> tuple[int, ...]:
     """The rank-th (0-based) n-subset of range(m) in lexicographic order."""
     out: list[int] = []
@@ -492,7 +487,7 @@ def form_groups(
                 }
             )
             continue
-        rng_seed = _query_seed(seed, it, qid if pg is None else f"{qid}@{pg}")
+        rng_seed = derive_seed(seed, it, qid if pg is None else f"{qid}@{pg}", bits=64)
         for k, combo in enumerate(_choose_groups(len(rows), n, g_max, rng_seed)):
             groups.append(
                 {

@@ -21,7 +21,6 @@ tokenizer's default special tokens. Empty prompts are rejected.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from typing import Any, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.contracts import SamplingParams
+from spogw_dagster.seeds import sampler_seed
 
 __all__ = [
     "SampleResult",
@@ -94,11 +94,6 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
         if i >= 0 and (best is None or i < best):
             best, which = i, s
     return (text, None) if best is None else (text[:best], which)
-
-
-def _derive_seed(*parts: Any) -> int:
-    h = hashlib.sha256(json.dumps(parts, default=str).encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,7 +357,7 @@ class TransformersSampler:
             return out  # type: ignore[return-value]
         for b, s in enumerate(range(0, len(rows), self.batch_size)):
             chunk = rows[s : s + self.batch_size]
-            res = self._generate_batch([encoded[i] for i, _ in chunk], p, _derive_seed(seed, b))
+            res = self._generate_batch([encoded[i] for i, _ in chunk], p, sampler_seed(seed, b))
             for (i, j), r in zip(chunk, res):
                 out[i][j] = r
         return out  # type: ignore[return-value]
@@ -467,7 +462,7 @@ class TransformersSampler:
             for i, _ in chunk:
                 if keys[i] not in states:
                     states[keys[i]] = self._prefill(encoded[i], prefix)
-            gens = [_row_generator(_derive_seed(seed, i, j), self.device) for i, j in chunk]
+            gens = [_row_generator(sampler_seed(seed, i, j), self.device) for i, j in chunk]
             res = self._decode(
                 [states[keys[i]] for i, _ in chunk], [encoded[i] for i, _ in chunk], gens, p
             )
@@ -704,7 +699,7 @@ class VLLMSampler:
                 top_p=p.top_p,
                 max_tokens=p.max_tokens,
                 stop=list(p.stop) or None,
-                seed=_derive_seed(seed, i),
+                seed=sampler_seed(seed, i),
                 logprobs=0,  # the sampled token's log-prob only
             )
             for i in range(len(encoded))

@@ -54,6 +54,7 @@ from spogw_dagster.core.distributed import SINGLE, Dist, from_environment
 from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
 from spogw_dagster.fsutil import replace_dir
+from spogw_dagster.seeds import offset_seed
 
 # peft asks transformers for a deprecated attribute on every step; the warning says nothing about our run.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -442,7 +443,7 @@ def _batches(items: list[_Item], cfg: TrainConfig, epoch: int) -> list[list[_Ite
     micro-batch of its own."""
     import torch
 
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + epoch)
+    g = torch.Generator().manual_seed(offset_seed(cfg.seed, epoch))
     if cfg.spec.data != "pairs":
         units = [[it] for it in items]
     else:

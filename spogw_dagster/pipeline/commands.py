@@ -292,7 +292,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     import json as _json
     from pathlib import Path
 
-    from spogw_dagster.evaluation import split_problems
+    from spogw_dagster.benchmarks.queries import split_problems
 
     from . import heldout as ho
     from . import tables

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +32,8 @@ from spogw_dagster.contracts import Problem
 from spogw_dagster.workflow.copies import copied_from
 
 from . import tables
+from .generation import generate_samples
 from .resources import EvalJob, evaluate_jobs
-from .rewards import Ladder
 
 CACHE_DIR = "report_cache"
 
@@ -50,7 +49,7 @@ class Policy:
     adapter_sha256: str | None = None
 
 
-def sampler_seed(report_seed: int) -> int:
+def report_sampler_seed(report_seed: int) -> int:
     return derive_seed(report_seed, "report-sampler")
 
 
@@ -67,46 +66,13 @@ def modes(cfg) -> list[tuple[str, int, float]]:
     return out
 
 
-def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
-                     seed: int):
-    """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
-    from spogw_dagster.workflow.template import generator_prompt
-
-    style = pipeline.config().generator.prompt
-    prompts = [generator_prompt(p.family, p.question, style) for p in problems]
-    samples, tps = sample_prompts(pipeline, adapter, prompts, n=n, temperature=temperature, seed=seed)
-    return prompts, samples, tps
-
-
-def sample_prompts(pipeline, adapter: Path | None, prompts: Sequence[str], *, n: int, temperature: float,
-                   seed: int) -> tuple[list[list[tables.Sample]], float]:
-    """`n` completions of each generator prompt from base (+ adapter); returns (samples, tokens/s)."""
-    from spogw_dagster.contracts import SamplingParams
-    from spogw_dagster.workflow.template import GENERATOR_STOP
-
-    g = pipeline.config().generator
-    sampler = pipeline.sampler(adapter, seed)
-    try:
-        params = SamplingParams(temperature=temperature, top_p=g.top_p if temperature > 0 else 1.0,
-                                max_tokens=g.max_new_tokens, seed=seed, stop=tuple(GENERATOR_STOP))
-        t0 = time.monotonic()
-        outs = sampler.generate(list(prompts), params, n=n)
-        dt = time.monotonic() - t0
-    finally:
-        sampler.close()
-    samples = [[tables.Sample(o.text, list(o.token_ids), list(o.logprobs), o.finish_reason) for o in row]
-               for row in outs]
-    ntok = sum(len(s.token_ids) for row in samples for s in row)
-    return samples, (ntok / dt if dt > 0 else 0.0)
-
-
 Planned = list[tuple[tables.HeldoutSample, EvalJob]]
 
 
 def policy_jobs(pipeline, policy: Policy, problems: Sequence[Problem], cfg) -> Planned:
     """Generate the policy's workflows in every mode and plan their executions."""
     family = problems[0].family
-    seed = sampler_seed(cfg.report.seed)
+    seed = report_sampler_seed(cfg.report.seed)
     out: Planned = []
     for mode, n, temp in modes(cfg):
         _, samples, _ = generate_samples(pipeline, policy.adapter, problems, n=n, temperature=temp, seed=seed)
@@ -184,7 +150,7 @@ def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tupl
 
     results, counters = asyncio.run(run()) if planned else ([], {"cache_hits": 0, "new_calls": 0,
                                                                  "uncacheable_calls": 0, "failed_calls": 0})
-    ladder = Ladder(**cfg.reward.model_dump())
+    ladder = cfg.reward.core()
     rows = [tables.heldout_row(iteration, split, hs, r, ladder) for (hs, _), r in zip(planned, results)]
     return tables.heldout_frame(rows), counters
 

@@ -149,7 +149,7 @@ def load_with_placeholders(profile: str | None, config_file: str | None,
 
 def split_problems(cfg) -> list[Finding]:
     """Counts against the split sizes (pure arithmetic once the sizes are read); empty when they fit."""
-    from spogw_dagster.evaluation import default_split_sizes
+    from spogw_dagster.benchmarks.queries import default_split_sizes
 
     b = cfg.benchmark
     n_train, n_val, n_test = default_split_sizes(b.name, path=b.data_path)

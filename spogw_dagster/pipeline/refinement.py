@@ -31,7 +31,7 @@ MAX_CASE_CHARS = 240  # per question / answer in a failure case: the gist, not t
 def feedback_problems(cfg) -> list[Problem]:
     """The last `refinement.feedback_queries` of the validation split (disjoint from train and test, and left
     out of every validation score while W4S is in play: `SpogwConfig.reserved_validation`)."""
-    from spogw_dagster.evaluation import split_problems
+    from spogw_dagster.benchmarks.queries import split_problems
 
     b = cfg.benchmark
     problems, _ = split_problems(b.name, "validation", seed=b.split_seed, path=b.data_path)

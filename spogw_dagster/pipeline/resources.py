@@ -35,7 +35,7 @@ def _parse(config_json: str) -> SpogwConfig:
 @lru_cache(maxsize=16)
 def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: int) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
     from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
-    from spogw_dagster.evaluation import default_split_sizes, held_out_problems
+    from spogw_dagster.benchmarks.queries import default_split_sizes, held_out_problems
 
     n_train, n_val, n_test = default_split_sizes(benchmark, path=data_path)
     if d > n_train:
@@ -56,7 +56,7 @@ def check_benchmark_data(cfg: SpogwConfig) -> None:
     malformed data file (wrong top-level type, missing fields, bad encoding, too few queries) is one error naming
     the file, what is wrong and the fix, instead of a failed first step."""
     from spogw_dagster.benchmarks import BenchmarkDataError
-    from spogw_dagster.evaluation import split_problems
+    from spogw_dagster.benchmarks.queries import split_problems
 
     from .settings import ConfigValidationError
 

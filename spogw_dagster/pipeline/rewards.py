@@ -29,6 +29,11 @@ from spogw_dagster.workflow.template import PRODUCING_OPERATORS
 
 @dataclass(frozen=True)
 class Ladder:
+    """The reward's weights (the only declaration: the `reward:` section is derived from it). format: code was
+    found; valid: it passed the validator; executes: it ran to a result (status ok); answer: the benchmark
+    metric (mean over runs). Weights are >= 0, the answer's > 0, and they sum to at most 1 so r stays in
+    [0, 1]; the default (answer only) is the plain benchmark score."""
+
     format: float = 0.0
     valid: float = 0.0
     executes: float = 0.0
@@ -36,8 +41,15 @@ class Ladder:
 
     def __post_init__(self) -> None:
         ws = (self.format, self.valid, self.executes, self.answer)
-        if any(w < 0 for w in ws) or sum(ws) > 1.0 + 1e-9:
-            raise ValueError(f"reward weights must be >= 0 and sum to <= 1, got {ws}")
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in ws):
+            raise ValueError(f"reward weights must be numbers, got {ws}")
+        if any(w < 0 for w in ws):
+            raise ValueError(f"reward weights must be >= 0, got (format, valid, executes, answer) = {ws}")
+        if sum(ws) > 1.0 + 1e-9:
+            raise ValueError(f"reward weights sum to {sum(ws):g} > 1; scores must stay in [0, 1]: lower them")
+        if self.answer <= 0:
+            raise ValueError("reward.answer must be > 0: a reward without the benchmark's answer trains for "
+                             "form alone")
 
 
 

@@ -43,6 +43,8 @@ from spogw_dagster.core import registry
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
+from .rewards import Ladder
+
 from .profiles import get_profile, profile_names
 
 __all__ = [
@@ -233,26 +235,6 @@ class ExecutionSection(_Section):
     max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # above it execution_scores fails (writes nothing)
 
 
-class RewardSection(_Section):
-    """FloWright-style reward ladder: r = format·w_f + valid·w_v + executes·w_e + answer·w_a.
-
-    format: code was found; valid: it passed the validator; executes: it ran to a result (status ok);
-    answer: the benchmark metric (mean over runs). Weights are >= 0 and sum to at most 1 so r stays in [0, 1].
-    The default (answer only) is the plain benchmark score."""
-
-    format: float = Field(0.0, ge=0, le=1)
-    valid: float = Field(0.0, ge=0, le=1)
-    executes: float = Field(0.0, ge=0, le=1)
-    answer: float = Field(1.0, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _sum(self) -> "RewardSection":
-        total = self.format + self.valid + self.executes + self.answer
-        if total > 1.0 + 1e-9:
-            raise ValueError(f"reward weights sum to {total:g} > 1; scores must stay in [0, 1]: lower them")
-        return self
-
-
 def _derived(core_cls: type, *, exclude: tuple[str, ...] = ()) -> type[_Section]:
     """A config section with exactly the fields (types and defaults) of a core dataclass config, so each field
     is declared once, in the core; its values are validated by the core class itself (see `SpogwConfig._cross`)."""
@@ -263,6 +245,14 @@ def _derived(core_cls: type, *, exclude: tuple[str, ...] = ()) -> type[_Section]
 
 # The training temperature and dtype are not settable: π_old must match the sampler, so both are the generator's.
 TRAINING_FROM_GENERATOR = ("temperature", "dtype")
+
+
+class RewardSection(_derived(Ladder)):  # type: ignore[misc]
+    """FloWright-style reward ladder r = format·w_f + valid·w_v + executes·w_e + answer·w_a: the fields of
+    `pipeline.rewards.Ladder` (see it for their meaning and bounds)."""
+
+    def core(self) -> Ladder:
+        return Ladder(**self.model_dump())
 
 
 class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
@@ -412,6 +402,10 @@ class SpogwConfig(BaseModel):
             self.curation.core()
         except ConfigError as e:
             raise ValueError(f"curation: {e}") from None
+        try:
+            self.reward.core()
+        except ValueError as e:
+            raise ValueError(f"reward: {e}") from None
         try:
             self.training.core(self.generator.temperature, self.generator.dtype)
         except (ConfigError, ValueError) as e:

@@ -14,6 +14,8 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.core import registry
+from spogw_dagster.seeds import offset_seed
+from spogw_dagster.core.curation import SCREENED_SCHEMA as CORE_SCREENED_SCHEMA
 
 from .rewards import Ladder, executes_share, is_trivial, ladder_reward
 
@@ -196,17 +198,9 @@ def curation_input(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
 # ------------------------------------------------------------------------------------------------
 # screened_groups
 
-SCREENED_SCHEMA: dict[str, pl.DataType] = {
-    "iteration": pl.Int64(),
-    "query_id": pl.String(),
-    "group_id": pl.String(),  # null for a query that formed no group (too_few_workflows)
-    "members": pl.List(pl.Int64()),
-    "scores": pl.List(pl.Float64()),
-    "score_mean": pl.Float64(),
-    "score_std": pl.Float64(),
-    "kept": pl.Boolean(),
-    "reason": pl.String(),  # why a group was dropped; null when kept
-}
+# the core's kept groups (group_id null for a query that formed no group: too_few_workflows) and whether each
+# was kept, with why not
+SCREENED_SCHEMA: dict[str, pl.DataType] = {**CORE_SCREENED_SCHEMA, "kept": pl.Boolean(), "reason": pl.String()}
 
 
 def screened_frame(kept: pl.DataFrame, dropped: pl.DataFrame) -> pl.DataFrame:
@@ -225,9 +219,7 @@ def screened_frame(kept: pl.DataFrame, dropped: pl.DataFrame) -> pl.DataFrame:
 
 def kept_groups(screened: pl.DataFrame) -> pl.DataFrame:
     """The kept groups in the shape `core.curation.sharpen_groups` takes."""
-    from spogw_dagster.core.curation import SCREENED_SCHEMA as CORE_SCREENED
-
-    return screened.filter(pl.col("kept")).select(list(CORE_SCREENED)).cast(CORE_SCREENED)  # type: ignore[arg-type]
+    return screened.filter(pl.col("kept")).select(list(CORE_SCREENED_SCHEMA)).cast(CORE_SCREENED_SCHEMA)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,7 +284,7 @@ _KEY = ["iteration", "query_id", "sample_idx"]
 
 def pair_seed(seed: int, iteration: int) -> int:
     """The seed of iteration k's pair draw (another draw each iteration, the same on a rerun)."""
-    return int(seed) * 1_000_003 + int(iteration)
+    return offset_seed(seed, iteration)
 
 
 def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
@@ -318,7 +310,7 @@ def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, obje
     return examples, _frame(out, TRAINING_ROWS_SCHEMA)
 
 
-def scored_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
+def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
     """The iteration's full scored candidate set with what training needs: `core.curation.scored_candidates`
     of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
     sampled prompt, completion, tokens and log-probs. A row whose completion has no tokens is left out (there
@@ -346,7 +338,7 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
     micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
     from spogw_dagster.core.curation import sample_preference_pairs
 
-    cands = scored_candidates(sampled, scores)
+    cands = training_candidates(sampled, scores)
     pairs = sample_preference_pairs(cands, ocfg.dpo_num_pairs, power=ocfg.dpo_pair_power,
                                     seed=pair_seed(ocfg.seed, iteration))
     by_key = {(r["query_id"], r["sample_idx"]): r for r in cands.iter_rows(named=True)}
@@ -370,7 +362,7 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
     history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
     import math
 
-    cands = scored_candidates(sampled, scores)
+    cands = training_candidates(sampled, scores)
     if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
         reward = w4s_rewards(sampled, scores)
         r_of = [reward[(r["query_id"], r["sample_idx"])] for r in cands.iter_rows(named=True)]

@@ -63,7 +63,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
 
 def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
     """The report's queries (test or validation split) and the record of the split."""
-    from spogw_dagster.evaluation import split_problems
+    from spogw_dagster.benchmarks.queries import split_problems
 
     rep, b = cfg.report, cfg.benchmark
     try:

@@ -16,7 +16,6 @@ import polars as pl
 from .. import outage, tables
 from ..partitions import key_to_int
 from ..resources import EvalJob, PipelineResource, evaluate_jobs
-from ..rewards import Ladder
 from .common import common_metadata, executor_runtime_metadata, md_table, say
 
 NAME = "execution_scores"
@@ -41,7 +40,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     say(context, f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
                  f"isolation={iso.kind}")
     results, counters, executor_model = asyncio.run(run())
-    ladder = Ladder(**cfg.reward.model_dump())
+    ladder = cfg.reward.core()
     df = tables.execution_frame(
         tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
     outage.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,

@@ -176,7 +176,6 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     from spogw_dagster.seeds import derive_seed
 
     from .. import outage
-    from ..rewards import Ladder
     from ..resources import evaluate_jobs
     from .execution_scores import jobs_for
     from .sampled_workflows import sample_iteration
@@ -199,7 +198,7 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     say(context, f"{name}: scoring each workflow as the mean of {mcfg.execution.runs} executor runs at T = "
                  f"{mcfg.executor.temperature}")
     results, counters = asyncio.run(run())
-    ladder = Ladder(**mcfg.reward.model_dump())
+    ladder = mcfg.reward.core()
     scores = tables.execution_frame(tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code)
                                     for j, r in zip(jobs, results))
     outage.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,

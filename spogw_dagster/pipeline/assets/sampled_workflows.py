@@ -45,7 +45,7 @@ def sample_iteration(context, pipeline: PipelineResource, cfg, k: int, parent, p
                      ) -> tuple[pl.DataFrame, float]:
     """Iteration k's rows: m workflows per query from π_{k-1} (`parent`, None = the base model), then W4S's turns
     when refinement is on. Returns (rows, generation tokens/s of the first turn)."""
-    from ..heldout import generate_samples
+    from ..generation import generate_samples
 
     prompts, samples, tps = generate_samples(pipeline, parent.path if parent else None, problems, n=cfg.curation.m,
                                              temperature=cfg.generator.temperature, seed=seed)
@@ -143,7 +143,7 @@ def _refine(context, pipeline: PipelineResource, cfg, k: int, parent, family: st
 
 def _turn_sampler(pipeline: PipelineResource, cfg, k: int, parent, family: str):
     """sample(query_ids, prompts, n, turn, sample_idx, parent_sample_idx, repair_of, seed_tag) -> rows."""
-    from ..heldout import sample_prompts
+    from ..generation import sample_prompts
 
     def sample(qids, prompts, n, turn, idx, parents, repairs, tag) -> pl.DataFrame:
         samples, _ = sample_prompts(pipeline, parent.path if parent else None, prompts, n=n,
