@@ -37,7 +37,7 @@ from spogw_dagster.core.sampling import make_sampler  # noqa: E402
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora  # noqa: E402
 from spogw_dagster.benchmarks.queries import split_problems  # noqa: E402
 from spogw_dagster.pipeline.settings import load_config  # noqa: E402
-from spogw_dagster.pipeline.tables import parse_completion  # noqa: E402
+from spogw_dagster.pipeline.data.tables import parse_completion  # noqa: E402
 from spogw_dagster.workflow.copies import copied_from, distinct_count  # noqa: E402
 from spogw_dagster.workflow.template import GENERATOR_STOP, PROMPT_STYLES, generator_prompt  # noqa: E402
 

@@ -126,9 +126,9 @@ def overhead_case(args) -> None:
 
 
 def generator_prompts(profile: str, queries: int | None):
-    """The prompts and sampling params `sampled_workflows` uses for `profile` (see pipeline/assets.py)."""
+    """The prompts and sampling params `sampled_workflows` uses for `profile` (see pipeline/defs/assets/sampled_workflows.py)."""
     from spogw_dagster.pipeline.settings import load_config
-    from spogw_dagster.pipeline.resources import _queries
+    from spogw_dagster.pipeline.defs.resources import _queries
     from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
 
     cfg = load_config(profile, None, {})

@@ -139,7 +139,7 @@ def realistic_rows(queries: int, m: int, tok, seed: int = 0) -> tuple[Any, list[
     import random
 
     from spogw_dagster.pipeline.settings import load_config
-    from spogw_dagster.pipeline.resources import _queries
+    from spogw_dagster.pipeline.defs.resources import _queries
     from spogw_dagster.workflow.template import FEW_SHOT, generator_prompt
 
     cfg = load_config("tiny", None, {})

@@ -128,4 +128,4 @@ say "docker build -> $IMAGE"
 build -t "$IMAGE"
 if [ "$DROP_BUILD" = 1 ]; then say "removing local/spogw-build:latest"; docker rmi local/spogw-build:latest >/dev/null; fi
 say "built $IMAGE in $(( $(date +%s) - T0 )) s: $(docker image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.2f GB", $1/1e9}')"
-say "run the loop with it: SPOGW_STEP_IMAGE=$IMAGE python -m spogw_dagster.pipeline.container_steps run --profile ci"
+say "run the loop with it: SPOGW_STEP_IMAGE=$IMAGE python -m spogw_dagster.pipeline.runs.container_steps run --profile ci"

@@ -112,8 +112,8 @@ def _models(args) -> int:
 
 
 def _add_pipeline_commands(sub) -> None:
-    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/commands.py)."""
-    from .pipeline.commands import add_pipeline_commands
+    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/runs/commands.py)."""
+    from spogw_dagster.pipeline.runs.commands import add_pipeline_commands
 
     add_pipeline_commands(sub)
 
@@ -188,10 +188,10 @@ async def _baseline(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .pipeline.commands import COMMANDS as PIPELINE_COMMANDS
+    from spogw_dagster.pipeline.runs.commands import COMMANDS as PIPELINE_COMMANDS
 
     if args.cmd in PIPELINE_COMMANDS:
-        from .pipeline.commands import run_pipeline_command
+        from spogw_dagster.pipeline.runs.commands import run_pipeline_command
 
         return run_pipeline_command(args)
     if args.cmd == "sandbox":

@@ -4,6 +4,6 @@ Environment: SPOGW_PROFILE (tiny | ci | paper; default tiny) or SPOGW_CONFIG (a 
 SPOGW_ASSETS_DIR (default ./assets). See spogw_dagster/pipeline/ for the assets, checks and sensor.
 """
 
-from spogw_dagster.pipeline.wiring import definitions_from_env
+from spogw_dagster.pipeline.defs.wiring import definitions_from_env
 
 defs = definitions_from_env()

@@ -1,6 +1,6 @@
 """Steps in containers (issue 11): the `ci` loop, iterations 0 and 1, with `dagster_docker.docker_executor`
 running every step (six assets, six checks) in its own container of the skeleton step image
-(spogw_dagster/pipeline/container_steps.py), the assets, the call cache, the DuckDB catalog and the Dagster
+(spogw_dagster/pipeline/runs/container_steps.py), the assets, the call cache, the DuckDB catalog and the Dagster
 instance on the assets directory shared with the containers. Asserted: both runs succeed; each step ran in a
 container of its own (the containers, their step keys and exit codes, and the run's step-worker events);
 the tables hold exactly the rows the in-process run holds (tests/test_pipeline_e2e.py's hand counts for
@@ -26,9 +26,9 @@ import pytest
 
 pytest.importorskip("dagster_docker", reason="steps in containers need dagster-docker: pip install -e '.[docker]'")
 
-from spogw_dagster.pipeline import container_steps
-from spogw_dagster.pipeline.catalog import query
-from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
+from spogw_dagster.pipeline.runs import container_steps
+from spogw_dagster.pipeline.data.catalog import query
+from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore
 from tests.test_pipeline_e2e import (
     _ci_profile_is_what_the_hand_counts_assume,
     _expected_rows,

@@ -9,9 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline import headline as hl
-from spogw_dagster.pipeline import tables
-from spogw_dagster.pipeline.storage import AssetStore
+from spogw_dagster.pipeline.domain import headline as hl
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 
 def _rows(system, kind, iteration, answers, *, mode="greedy", seed=7, ckpt=None):
@@ -90,7 +90,7 @@ def test_seed_overrides_keep_the_heldout_draws():
 
 
 def test_parse_seeds():
-    from spogw_dagster.pipeline.commands import parse_seeds
+    from spogw_dagster.pipeline.runs.commands import parse_seeds
     from spogw_dagster.pipeline.settings import ConfigValidationError
 
     assert parse_seeds("0, 1,2") == [0, 1, 2]
@@ -104,7 +104,7 @@ def test_run_seeds_runs_one_loop_per_seed_and_summarises(tmp_path, monkeypatch):
     writes each seed's held-out rows: the loop is tested end to end in test_pipeline_e2e."""
     import io
 
-    from spogw_dagster.pipeline import loop
+    from spogw_dagster.pipeline.runs import loop
 
     calls = []
 
@@ -141,7 +141,7 @@ def test_old_partitions_without_copy_columns_do_not_break_the_headline(tmp_path)
 
 
 def test_a_baseline_cached_before_the_copy_columns_is_upgraded_not_a_crash(tmp_path):
-    from spogw_dagster.pipeline import heldout as ho
+    from spogw_dagster.pipeline.domain import heldout as ho
 
     rows = tables.heldout_frame(_rows("baseline:io", "baseline", 0, [1, 0], seed=None)).drop("copied_from",
                                                                                               "near_copy")

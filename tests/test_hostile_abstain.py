@@ -33,8 +33,8 @@ from spogw_dagster.evaluation import evaluate_workflow
 from spogw_dagster.executors.attribution import FaultAttributingExecutor
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
 from spogw_dagster.isolation import Limits, detect_isolation, run_code
-from spogw_dagster.pipeline.rewards import Ladder
-from spogw_dagster.pipeline.tables import execution_frame, execution_row
+from spogw_dagster.pipeline.domain.rewards import Ladder
+from spogw_dagster.pipeline.data.tables import execution_frame, execution_row
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fake_openai_server import FakeOpenAIServer, error
@@ -331,7 +331,7 @@ async def test_excluded_statuses_appear_only_when_the_executor_is_made_to_fail(m
 async def test_a_bug_of_ours_is_the_runs_runtime_error_and_the_asset_check_flags_it():
     """An executor layer that raises something unexpected (a bug our code has, tripped by this input): the run
     is a runtime_error (a policy cannot hide a wrong answer behind it), counted by the no_internal_errors check."""
-    from spogw_dagster.pipeline.checks import no_internal_errors
+    from spogw_dagster.pipeline.defs.checks import no_internal_errors
     from tests.fakes import BrokenExecutor
 
     res = await evaluate_workflow(wf("return await self.custom(instruction='solve it')"), MATH,

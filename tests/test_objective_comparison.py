@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from spogw_dagster.core.methods import METHODS, method_overrides, own_data
-from spogw_dagster.pipeline import tables
-from spogw_dagster.pipeline.assets.objective_comparison import MethodRun, comparison_frame, method_config
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.defs.assets.objective_comparison import MethodRun, comparison_frame, method_config
 from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
 
 
@@ -146,7 +146,7 @@ def test_holm_by_hand():
 
 
 def test_methods_are_scored_on_validation_unless_told():
-    from spogw_dagster.pipeline.assets.objective_comparison import scoring_config
+    from spogw_dagster.pipeline.defs.assets.objective_comparison import scoring_config
 
     cfg = load_config("ci")
     assert cfg.comparison.split == "validation" and cfg.report.split == "test"

@@ -15,7 +15,7 @@ import pytest
 
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.cli import main
-from spogw_dagster.pipeline.storage import AssetStore
+from spogw_dagster.pipeline.data.storage import AssetStore
 from test_executor_fleet import _served_200, _start_llama_server, _wait_ready, free_port
 
 pytestmark = pytest.mark.model

@@ -10,11 +10,12 @@ import polars as pl
 import pytest
 
 from spogw_dagster.core.curation import ADVANTAGE_SCHEMA
-from spogw_dagster.pipeline import plots, tables
-from spogw_dagster.pipeline.adapters import carry_forward
+from spogw_dagster.pipeline.defs import plots
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.adapters import carry_forward
 from spogw_dagster.pipeline.settings import load_config
-from spogw_dagster.pipeline.lineage import adapter_sha256
-from spogw_dagster.pipeline.storage import AssetStore
+from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 
 def test_carry_forward_copies_the_parent_atomically(tmp_path):
@@ -46,17 +47,17 @@ def test_plots_are_png_markdown():
 def test_lora_checkpoint_asset_with_no_training_data_carries_the_base_policy(tmp_path):
     """Iteration 0 whose groups were all screened out: an identity LoRA (= the base model), flagged as
     untrained, which the check reloads."""
-    from spogw_dagster.pipeline.wiring import build_definitions
-    from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
+    from spogw_dagster.pipeline.defs.wiring import build_definitions
+    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
 
     store = AssetStore(tmp_path)
     store.write_parquet("sharpened_groups", "0000", pl.DataFrame(schema=ADVANTAGE_SCHEMA))
     store.write_parquet("sampled_workflows", "0000", pl.DataFrame(schema=tables.SAMPLED_SCHEMA))
     store.write_parquet("execution_scores", "0000", tables.execution_frame([]))
     defs = build_definitions("ci", assets_dir=tmp_path)
-    from spogw_dagster.pipeline.assets import build_assets
+    from spogw_dagster.pipeline.defs.assets import build_assets
 
-    from spogw_dagster.pipeline.checks import loss_finite_and_adapter_reloads
+    from spogw_dagster.pipeline.defs.checks import loss_finite_and_adapter_reloads
 
     assets = build_assets(load_config("ci")) + [loss_finite_and_adapter_reloads]
     with dg.instance_for_test() as inst:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from spogw_dagster.cli import main
-from spogw_dagster.pipeline.cleanup import find_garbage
-from spogw_dagster.pipeline.storage import AssetStore
+from spogw_dagster.pipeline.runs.cleanup import find_garbage
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 
 def _adapter(d, nbytes=1000):

@@ -101,7 +101,7 @@ def test_hashes():
 
 
 def test_code_versions_follow_config_sections():
-    from spogw_dagster.pipeline.versions import code_version
+    from spogw_dagster.pipeline.defs.versions import code_version
 
     a = load_config("ci")
     c = load_config("ci", overrides={"curation": {"tau_std": 0.2}})
@@ -131,8 +131,8 @@ def test_report_section_samples_temperature_and_split():
 def test_config_is_merged_once_and_travels_resolved(tmp_path):
     """The resource carries the resolved config: deleting the YAML after loading changes nothing, and the
     resource's config equals the loaded one field for field."""
-    from spogw_dagster.pipeline.resources import PipelineResource
-    from spogw_dagster.pipeline.wiring import build_definitions
+    from spogw_dagster.pipeline.defs.resources import PipelineResource
+    from spogw_dagster.pipeline.defs.wiring import build_definitions
 
     f = tmp_path / "c.yaml"
     f.write_text("profile: ci\ntraining: {beta: 0.05}\n")
@@ -160,7 +160,7 @@ def test_rwr_reward_counts_only_where_rwr_reads_it():
 def test_training_processes_reach_the_assets_and_stay_out_of_the_hashes(tmp_path):
     """`processes` changes how an adapter is computed, not what: outside the config and section hashes, but
     carried to the assets (through the resource's JSON) and to the plan; it needs lora_dropout = 0."""
-    from spogw_dagster.pipeline.resources import PipelineResource
+    from spogw_dagster.pipeline.defs.resources import PipelineResource
 
     one, two = load_config("ci"), load_config("ci", overrides={"training": {"processes": 2}})
     assert (one.training.processes, two.training.processes) == (1, 2)

@@ -10,11 +10,17 @@ import dagster as dg
 import pytest
 
 from spogw_dagster.pipeline.settings import load_config
-from spogw_dagster.pipeline.wiring import build_definitions
-from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int, previous_key
-from spogw_dagster.pipeline.sensors import JOB_NAME, next_iteration
-from spogw_dagster.pipeline.storage import ASSET_NAMES, ON_DEMAND_ASSETS, AssetStore
+from spogw_dagster.pipeline.defs.wiring import build_definitions
+from spogw_dagster.pipeline.data.lineage import MissingCheckpointError, parent_checkpoint
+from spogw_dagster.pipeline.defs.partitions import (
+    PARTITIONS_NAME,
+    iteration_key,
+    iterations,
+    key_to_int,
+    previous_key,
+)
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME, next_iteration
+from spogw_dagster.pipeline.data.storage import ASSET_NAMES, ON_DEMAND_ASSETS, AssetStore
 
 SIX = ["sampled_workflows", "execution_scores", "screened_groups", "sharpened_groups", "lora_checkpoint",
        "benchmark_report"]

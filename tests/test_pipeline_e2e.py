@@ -19,13 +19,13 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline import tables
-from spogw_dagster.pipeline.catalog import query
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.catalog import query
 from spogw_dagster.pipeline.settings import load_config
-from spogw_dagster.pipeline.wiring import build_definitions
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
-from spogw_dagster.pipeline.sensors import JOB_NAME
-from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
+from spogw_dagster.pipeline.defs.wiring import build_definitions
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore
 
 pytestmark = pytest.mark.model
 
@@ -310,7 +310,7 @@ def test_sensor_stops_after_the_configured_iterations(loop):
 
 
 def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path, monkeypatch):
-    from spogw_dagster.pipeline.loop import run_loop
+    from spogw_dagster.pipeline.runs.loop import run_loop
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     buf = io.StringIO()

@@ -28,12 +28,12 @@ from dagster._core.definitions.data_version import (
 )
 from dagster._time import get_current_datetime
 
-from spogw_dagster.pipeline.assets.common import frame_data_version
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
-from spogw_dagster.pipeline.sensors import JOB_NAME
+from spogw_dagster.pipeline.defs.assets.common import frame_data_version
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME
 from spogw_dagster.pipeline.settings import load_config
-from spogw_dagster.pipeline.storage import ASSET_NAMES, AssetStore
-from spogw_dagster.pipeline.wiring import build_definitions
+from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore
+from spogw_dagster.pipeline.defs.wiring import build_definitions
 
 pytestmark = pytest.mark.model
 

@@ -12,10 +12,10 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline import catalog
-from spogw_dagster.pipeline.catalog import query, refresh_catalog
-from spogw_dagster.pipeline.io_manager import ParquetIOManager
-from spogw_dagster.pipeline.storage import AssetStore, write_parquet_atomic
+from spogw_dagster.pipeline.data import catalog
+from spogw_dagster.pipeline.data.catalog import query, refresh_catalog
+from spogw_dagster.pipeline.defs.io_manager import ParquetIOManager
+from spogw_dagster.pipeline.data.storage import AssetStore, write_parquet_atomic
 
 
 def _frame(it: int, n: int, v: int) -> pl.DataFrame:

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 
 from spogw_dagster.evaluation import EvalResult
-from spogw_dagster.pipeline import tables
-from spogw_dagster.pipeline.rewards import Ladder, ladder_reward
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.domain.rewards import Ladder, ladder_reward
 from spogw_dagster.contracts import Status, Usage
 
 VALID_BODY = 'solution = await self.code_generate(instruction="Write it.")\n        return solution\n'
@@ -239,7 +239,7 @@ def test_learning_curve_puts_the_base_model_first():
     steps = curve.filter((pl.col("metric") == "valid_rate") & (pl.col("mode") == "sampled"))
     assert steps["step"].to_list() == [-1, 0, 1]
     assert steps["system"].to_list() == ["base", "spogw@0000", "spogw@0001"]
-    from spogw_dagster.pipeline.plots import learning_curve_plot
+    from spogw_dagster.pipeline.defs.plots import learning_curve_plot
 
     assert learning_curve_plot(curve).startswith("![held-out metrics")
 
@@ -251,9 +251,9 @@ def test_score_distribution():
 
 
 def test_catalog_learning_curve_view_and_run_table(tmp_path):
-    from spogw_dagster.pipeline.catalog import query, refresh_catalog
-    from spogw_dagster.pipeline.loop import summary_table
-    from spogw_dagster.pipeline.storage import AssetStore
+    from spogw_dagster.pipeline.data.catalog import query, refresh_catalog
+    from spogw_dagster.pipeline.runs.loop import summary_table
+    from spogw_dagster.pipeline.data.storage import AssetStore
 
     store = AssetStore(tmp_path)
     held = _heldout()

@@ -5,21 +5,21 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spogw_dagster.pipeline import versions
-from spogw_dagster.pipeline.assets import ASSET_MODULES
+from spogw_dagster.pipeline.defs import versions
+from spogw_dagster.pipeline.defs.assets import ASSET_MODULES
 from spogw_dagster.pipeline.settings import load_config
 
-PKG = Path(versions.__file__).resolve().parent.parent
+PKG = Path(versions.__file__).resolve().parents[2]  # spogw_dagster/
 
 
 def test_closure_holds_what_the_training_asset_uses():
-    c = versions.import_closure("spogw_dagster.pipeline.assets.lora_checkpoint")
+    c = versions.import_closure("spogw_dagster.pipeline.defs.assets.lora_checkpoint")
     # the two files the old hand-kept list missed, and the trainer core
-    for f in ("pipeline/adapters.py", "fsutil.py", "core/trainer.py", "core/objectives.py", "adapter_files.py",
-              "pipeline/assets/common.py", "pipeline/assets/lora_checkpoint.py", "pipeline/__init__.py"):
+    for f in ("pipeline/data/adapters.py", "fsutil.py", "core/trainer.py", "core/objectives.py", "adapter_files.py",
+              "pipeline/defs/assets/common.py", "pipeline/defs/assets/lora_checkpoint.py", "pipeline/__init__.py"):
         assert f in c, f
     # ... and not the command line, which no asset imports
-    assert "cli.py" not in c and "pipeline/commands.py" not in c
+    assert "cli.py" not in c and "pipeline/runs/commands.py" not in c
 
 
 def test_every_module_that_runs_sandbox_files_declares_them():
@@ -28,7 +28,7 @@ def test_every_module_that_runs_sandbox_files_declares_them():
     users = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                    if re.search(r"""["']sandbox["']|dockerfile_dir\(\)""", p.read_text()) and p.name != "versions.py")
     # cli.py and preflight.py only say the word (a subcommand, a check's name); neither runs a sandbox file
-    missing = [u for u in users if u not in versions.RUNTIME_FILES and u not in ("cli.py", "pipeline/preflight.py")]
+    missing = [u for u in users if u not in versions.RUNTIME_FILES and u not in ("cli.py", "pipeline/runs/preflight.py")]
     assert not missing, f"add {missing} to versions.RUNTIME_FILES"
     files = {str(p.relative_to(PKG.parent)) for p in versions.asset_files("execution_scores")}
     assert {"sandbox/runner.py", "sandbox/solution_host.py", "sandbox/test_host.py"} <= files

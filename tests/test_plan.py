@@ -1,4 +1,4 @@
-"""spogw plan (spogw_dagster/pipeline/plan.py): counts computed by hand."""
+"""spogw plan (spogw_dagster/pipeline/runs/plan.py): counts computed by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,17 @@ import math
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.preflight import load_config_for_plan
-from spogw_dagster.pipeline.plan import (Measured, Speeds, format_plan, groups_per_query,
-                                         measure_assets, plan_from_config, plan_iteration, training_rows_per_query)
+from spogw_dagster.pipeline.runs.preflight import load_config_for_plan
+from spogw_dagster.pipeline.runs.plan import (
+    Measured,
+    Speeds,
+    format_plan,
+    groups_per_query,
+    measure_assets,
+    plan_from_config,
+    plan_iteration,
+    training_rows_per_query,
+)
 
 
 def test_groups_and_rows_per_query_by_hand():
@@ -97,7 +105,7 @@ def test_spogw_plan_command(capsys, monkeypatch, tmp_path):
 
 
 def test_speeds_are_measured_per_target_or_unknown(monkeypatch):
-    from spogw_dagster.pipeline.plan import CPU_EXECUTOR_TPS, CPU_GENERATOR_TPS, speeds_for_config
+    from spogw_dagster.pipeline.runs.plan import CPU_EXECUTOR_TPS, CPU_GENERATOR_TPS, speeds_for_config
     from spogw_dagster.pipeline.settings import load_config
 
     sp = speeds_for_config(load_config("answers"), gpu=False)  # Qwen on both sides, embedded executor

@@ -12,7 +12,7 @@ import pytest
 
 from fake_openai_server import FakeOpenAIServer
 from spogw_dagster.cli import main
-from spogw_dagster.pipeline.preflight import PLAN_CHECKS, PreflightError, preflight, require
+from spogw_dagster.pipeline.runs.preflight import PLAN_CHECKS, PreflightError, preflight, require
 from spogw_dagster.pipeline.profiles import profile_names
 
 ROOT = Path(__file__).resolve().parents[1]

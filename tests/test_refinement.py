@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.refinement import Run, accuracy, feedback_text
+from spogw_dagster.pipeline.domain.refinement import Run, accuracy, feedback_text
 from spogw_dagster.workflow.template import WORKFLOW_HEADER, generator_prompt, refinement_prompt
 
 
@@ -61,11 +61,11 @@ def test_two_turns_on_the_real_model(tmp_path):
     are sampled from one prompt showing that state's workflow and feedback; every row is executed and scored;
     and no screened group and no Score-DPO pair holds completions of two prompts."""
     from spogw_dagster.core.hyperparams import ObjectiveConfig
-    from spogw_dagster.pipeline import tables
-    from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
+    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
     from spogw_dagster.pipeline.settings import load_config
-    from spogw_dagster.pipeline.storage import AssetStore
-    from spogw_dagster.pipeline.wiring import build_definitions
+    from spogw_dagster.pipeline.data.storage import AssetStore
+    from spogw_dagster.pipeline.defs.wiring import build_definitions
 
     cfg = load_config("ci", overrides={"refinement": {"turns": 2, "feedback_queries": 1, "repairs": 1},
                                        "curation": {"n": 2, "t": 1, "tau_std": 0.0}})

@@ -19,7 +19,7 @@ import torch
 from spogw_dagster.core import curation as C
 from spogw_dagster.core.hyperparams import ObjectiveConfig
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
-from spogw_dagster.pipeline import tables
+from spogw_dagster.pipeline.data import tables
 from tiny_llama import save_tiny_llama, tiny_llama
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,9 +172,9 @@ def test_rwr_default_is_the_w4s_reward():
 
 
 def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_path):
-    from spogw_dagster.pipeline.assets.lora_checkpoint import write_training_rows
-    from spogw_dagster.pipeline.catalog import query
-    from spogw_dagster.pipeline.storage import AssetStore
+    from spogw_dagster.pipeline.defs.assets.lora_checkpoint import write_training_rows
+    from spogw_dagster.pipeline.data.catalog import query
+    from spogw_dagster.pipeline.data.storage import AssetStore
 
     sampled, scores = _pipeline_frames()
     sharpened = pl.DataFrame({"iteration": [0, 0], "query_id": ["a", "a"], "group_id": ["g0", "g0"],

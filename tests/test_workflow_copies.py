@@ -1,7 +1,7 @@
 """Near copies of what the prompt shows, and distinct workflows per query (names and layout normalised)."""
 
 
-from spogw_dagster.pipeline import tables
+from spogw_dagster.pipeline.data import tables
 from spogw_dagster.workflow.copies import copied_from, distinct_count, normalized
 from spogw_dagster.workflow.template import FEW_SHOT, TEMPLATES, WORKFLOW_HEADER
 

@@ -1,6 +1,6 @@
 """W4S (Nie et al. 2025, "Weak-for-Strong"): the history-relative reward and the state advance of its multi-turn
 optimisation, as pure functions (no Dagster, no model). The sampling loop that uses them is
-`pipeline/refinement.py`.
+`pipeline/domain/refinement.py`.
 
 W4S's rule (its `reward_type="discrete"`): a candidate whose accuracy beats the best accuracy so far gets 1,
 one that beats the previous turn's state gets 0.5, any other 0; and 0.1 less when its accuracy is below 0.3.

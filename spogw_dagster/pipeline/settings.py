@@ -43,9 +43,9 @@ from spogw_dagster.core import registry
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
-from .rewards import Ladder
+from spogw_dagster.pipeline.domain.rewards import Ladder
 
-from .profiles import get_profile, profile_names
+from spogw_dagster.pipeline.profiles import get_profile, profile_names
 
 __all__ = [
     "ConfigValidationError",
@@ -325,7 +325,7 @@ class ReportSection(_Section):
 
 
 class RefinementSection(_Section):
-    """W4S's multi-turn optimisation (`pipeline/refinement.py`). With turns = T > 1, sampled_workflows samples m
+    """W4S's multi-turn optimisation (`pipeline/domain/refinement.py`). With turns = T > 1, sampled_workflows samples m
     candidates per query (turn 0); a candidate that does not parse gets up to `repairs` repair attempts (W4S's
     self-check); every candidate runs on the last `feedback_queries` queries of the validation split (never
     the training query, whose answer is the reward; never scored on validation while W4S is in play); the best by validation accuracy advances the state, and

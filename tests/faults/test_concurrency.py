@@ -24,10 +24,10 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.locks import LOCK_FILE, WAITING_DIR, IterationLock, assets_dir_lock
-from spogw_dagster.pipeline.loop import _failure_message
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
-from spogw_dagster.pipeline.storage import AssetStore
+from spogw_dagster.pipeline.runs.locks import LOCK_FILE, WAITING_DIR, IterationLock, assets_dir_lock
+from spogw_dagster.pipeline.runs.loop import _failure_message
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 from .conftest import catalog_agrees, cli_env, record, spogw, temp_files
 from .test_executor_outage import MODEL, Endpoint, _materialize, _overrides

@@ -31,11 +31,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.loop import _failure_message
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
-from spogw_dagster.pipeline.sensors import JOB_NAME
-from spogw_dagster.pipeline.storage import AssetStore
-from spogw_dagster.pipeline.wiring import build_definitions
+from spogw_dagster.pipeline.runs.loop import _failure_message
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.wiring import build_definitions
 
 from .conftest import _frame_hash, cache_rows, record, temp_files
 

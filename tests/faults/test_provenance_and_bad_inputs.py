@@ -13,11 +13,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.loop import _failure_message
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
-from spogw_dagster.pipeline.sensors import JOB_NAME
-from spogw_dagster.pipeline.storage import AssetStore
-from spogw_dagster.pipeline.wiring import build_definitions
+from spogw_dagster.pipeline.runs.loop import _failure_message
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.wiring import build_definitions
 
 from .conftest import (catalog_agrees, copy_assets, record, rows_lost_and_duplicated, spogw, table_state,
                        temp_files, unreadable_partitions)
@@ -54,7 +54,7 @@ def test_training_refuses_samples_from_another_parent_adapter(undisturbed, tmp_p
     save_file({k: v + 0.01 for k, v in tensors.items()}, str(w))
     # ... and its row says so, as a rematerialization writes it (a folder its row does not match is *damaged*:
     # test_damaged_adapter_is_refused_and_spogw_run_retrains_it)
-    from spogw_dagster.pipeline.lineage import adapter_sha256
+    from spogw_dagster.pipeline.data.lineage import adapter_sha256
 
     row = store.read_parquet("lora_checkpoint", "0000")
     store.write_parquet("lora_checkpoint", "0000", row.with_columns(
@@ -114,7 +114,7 @@ def test_damaged_adapter_is_refused_and_spogw_run_retrains_it(undisturbed, tmp_p
     might not): whatever reads it refuses, naming the file and the fix, and `spogw run` sees the iteration is
     damaged, resumes at lora_checkpoint (the assets before it are intact, with the instance's records) and
     retrains it to the same bytes; iteration 0001, which sampled from those bytes, is kept."""
-    from spogw_dagster.pipeline.lineage import MissingCheckpointError, parent_checkpoint
+    from spogw_dagster.pipeline.data.lineage import MissingCheckpointError, parent_checkpoint
 
     root = tmp_path / "assets"
     shutil.copytree(undisturbed["root"], root)  # with its Dagster instance: what resuming reads

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from spogw_dagster.pipeline.partitions import PARTITIONS_NAME
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
 
 from .conftest import (all_new_calls, cache_rows, catalog_agrees, record, rows_lost_and_duplicated, table_state,
                        temp_files)

@@ -1,0 +1,93 @@
+"""The cross-iteration edge: iteration k samples from the checkpoint of iteration k-1.
+
+Dagster cannot declare it (a cycle at asset-key level), so `sampled_workflows(k)` calls
+`parent_checkpoint(store, k)` itself. At k = 0 there is no parent (the base model). Otherwise the adapter
+folder `assets/lora_checkpoint/<k-1>/` must hold a complete PEFT adapter; if it does not, the lookup fails
+fast with a message naming the missing partition and how to fix it, before any model is loaded or anything
+is written. A folder whose weights are not the bytes `lora_checkpoint(k-1)` recorded (`adapter_sha256`) is
+damaged (a bad disk, a partial copy, a hand edit) and fails the same way. The parent's partition, path and
+adapter hash go into the metadata (and columns) of iteration k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spogw_dagster.adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS
+from spogw_dagster.fsutil import file_sha256
+from spogw_dagster.pipeline.defs.partitions import key_to_int, previous_key
+from spogw_dagster.pipeline.data.storage import AssetStore
+
+
+
+class MissingCheckpointError(RuntimeError):
+    """The previous iteration's checkpoint is not there: iteration k cannot sample from π_{k-1}."""
+
+
+def _missing_files(folder: Path) -> str | None:
+    missing = [f for f in ADAPTER_FILES if not (folder / f).is_file()]
+    if not missing:
+        return None
+    return f"{folder} {'does not exist' if not folder.exists() else 'lacks ' + ', '.join(missing)}"
+
+
+def recorded_adapter_sha256(store: AssetStore, partition: str) -> str | None:
+    """The weights' sha256 lora_checkpoint[partition]'s row records (None without a readable row)."""
+    if not store.readable("lora_checkpoint", partition):
+        return None
+    rows = store.read_parquet("lora_checkpoint", partition)
+    return rows["adapter_sha256"][0] if rows.height and "adapter_sha256" in rows.columns else None
+
+
+def weights_mismatch(folder: Path, got: str, recorded: str | None, partition: str) -> str | None:
+    """Why an adapter folder whose weights hash to `got` is not the one lora_checkpoint[partition] recorded."""
+    if recorded and got != recorded:
+        return (f"{folder / ADAPTER_WEIGHTS} has sha256 {got[:16]}, not the {recorded[:16]} "
+                f"lora_checkpoint[{partition}] recorded (damaged or replaced)")
+    return None
+
+
+def adapter_damage(store: AssetStore, partition: str) -> str | None:
+    """Why lora_checkpoint[partition]'s adapter folder is not the one its table row records, or None when it is
+    (or when there is no readable row to compare with: a missing partition is reported elsewhere)."""
+    folder = store.adapter_dir(partition)
+    return _missing_files(folder) or weights_mismatch(folder, adapter_sha256(folder),
+                                                      recorded_adapter_sha256(store, partition), partition)
+
+
+@dataclass(frozen=True)
+class ParentCheckpoint:
+    partition: str
+    iteration: int
+    path: Path
+    sha256: str
+
+    def as_metadata(self) -> dict[str, str | int]:
+        return {"partition": self.partition, "path": str(self.path), "adapter_sha256": self.sha256}
+
+
+def adapter_sha256(folder: Path) -> str:
+    return file_sha256(Path(folder) / ADAPTER_WEIGHTS)
+
+
+def parent_checkpoint(store: AssetStore, partition: str) -> ParentCheckpoint | None:
+    """The checkpoint iteration `partition` samples from: None at iteration 0 (the base model)."""
+    prev = previous_key(partition)
+    if prev is None:
+        return None
+    folder = store.adapter_dir(prev)
+    missing = _missing_files(folder)
+    if missing:
+        raise MissingCheckpointError(
+            f"iteration {partition} samples from the checkpoint of iteration {prev}, but lora_checkpoint[{prev}] "
+            f"is missing: {missing}. Materialize iteration {prev} first (all six assets, or at least "
+            f"lora_checkpoint for partition {prev}); iterations must run in order.")
+    sha = adapter_sha256(folder)  # hashed once: the check below and the lineage record
+    damaged = weights_mismatch(folder, sha, recorded_adapter_sha256(store, prev), prev)
+    if damaged:
+        raise MissingCheckpointError(
+            f"iteration {partition} samples from the checkpoint of iteration {prev}, but lora_checkpoint[{prev}] "
+            f"is damaged: {damaged}. Rematerialize lora_checkpoint[{prev}] (`spogw run` does, resuming at it) and "
+            "the iterations after it, or restore the adapter folder from a backup.")
+    return ParentCheckpoint(partition=prev, iteration=key_to_int(prev), path=folder, sha256=sha)

@@ -1,0 +1,104 @@
+"""execution_scores(k): every sampled workflow executed R times in the sandbox against the executor and
+scored (reward ladder + benchmark metric); executor calls go through the persistent call cache.
+
+An executor outage fails the asset (`outage.py`: over `execution.max_executor_error_rate` of the executed
+workflows, parse rejections never call the executor). Below the threshold the rows are written with their
+`executor_error` status and curation treats them as unscored."""
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from spogw_dagster.pipeline.defs import outage
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.resources import EvalJob, PipelineResource, evaluate_jobs
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say
+
+NAME = "execution_scores"
+GROUP = "execution"
+KINDS = {"python", "parquet"}
+DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against the executor and scored (reward "
+               "ladder + benchmark metric); executor calls go through the call cache.")
+
+
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame) -> pl.DataFrame:
+    t0 = time.monotonic()
+    cfg = pipeline.config()
+    k = key_to_int(context.partition_key)
+    jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
+    iso = pipeline.isolation()
+
+    async def run():
+        async with pipeline.executor() as ex:
+            res = await evaluate_jobs(jobs, ex.executor, iso, cfg, seed=cfg.execution.seed)
+            return res, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}, ex.model
+
+    say(context, f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
+                 f"isolation={iso.kind}")
+    results, counters, executor_model = asyncio.run(run())
+    ladder = cfg.reward.core()
+    df = tables.execution_frame(
+        tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
+    outage.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,
+                          partition_key=context.partition_key, cache_path=pipeline.cache_path())
+    context.add_output_metadata({
+        **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),
+        "executor": dg.MetadataValue.text(executor_model),
+        "isolation": dg.MetadataValue.text(iso.kind),
+        "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
+        **executor_runtime_metadata(),
+    })
+    say(context, f"status {dict(Counter(df['status'].to_list()))}, mean reward {float(df['score'].mean() or 0):.3f}, "
+                 f"executor calls {counters['new_calls']} new / {counters['cache_hits']} cached, "
+                 f"{time.monotonic() - t0:.1f} s")
+    return df
+
+
+def executor_error_share(df: pl.DataFrame) -> tuple[int, int, float]:
+    """(executor_error rows, executed rows, their ratio): rows with no run (parse rejections) never called the
+    executor and do not count."""
+    return outage.executor_error_share(df.filter(pl.col("runs") > 0))
+
+
+def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
+    """One job per sampled row; unparsed rows go through as their parse status (scored, never executed)."""
+    unknown = sorted(set(sampled["query_id"].to_list()) - set(problems))
+    if unknown:
+        raise dg.Failure(f"sampled_workflows[{key}] has queries not in the configured training set ({unknown[:3]}); "
+                         "the config changed since sampling: rematerialize sampled_workflows")
+    jobs = []
+    for r in sampled.iter_rows(named=True):
+        ok = r["parse_status"] == "ok"
+        jobs.append(EvalJob(problems[r["query_id"]], r["workflow"] if ok else None,
+                            "" if ok else r["parse_status"], "" if ok else r["parse_error"],
+                            tag=(r["query_id"], r["sample_idx"], r["parse_status"])))
+    return jobs
+
+
+def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
+    from spogw_dagster.pipeline.defs.plots import score_histogram
+
+    statuses = dict(Counter(df["status"].to_list()))
+    by_status = {s: df.filter(pl.col("status") == s)["score"].to_list() for s in statuses}
+    return {
+        "status": md_table(statuses, ("status", "workflows")),
+        "mean_score": dg.MetadataValue.float(round(float(df["score"].mean() or 0.0), 4)),
+        "mean_answer_score": dg.MetadataValue.float(round(float(df["answer_score"].mean() or 0.0), 4)),
+        "score_distribution": dg.MetadataValue.json(tables.score_distribution(df["score"].to_list())),
+        "score_histogram": dg.MetadataValue.md(score_histogram(by_status, f"iteration {k}: rewards by status")),
+        "executor_calls": dg.MetadataValue.int(int(df["llm_calls"].sum())),
+        "executor_new_calls": dg.MetadataValue.int(counters["new_calls"]),
+        "executor_cache_hits": dg.MetadataValue.int(counters["cache_hits"]),
+        "executor_uncacheable_calls": dg.MetadataValue.int(counters["uncacheable_calls"]),
+        "completion_tokens": dg.MetadataValue.int(int(df["completion_tokens"].sum())),
+        # executor failures charged to the request that caused them (a control request succeeded), and the
+        # runs that tripped a bug of ours (runtime_error, see the no_internal_errors check)
+        "executor_request_faults": dg.MetadataValue.int(counters.get("request_faults", 0)),
+        "executor_control_requests": dg.MetadataValue.int(counters.get("control_requests", 0)),
+        "internal_errors": dg.MetadataValue.int(tables.internal_error_rows(df).height),
+    }

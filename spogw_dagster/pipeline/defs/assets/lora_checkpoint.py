@@ -1,0 +1,155 @@
+"""lora_checkpoint(k): the LoRA adapter of iteration k, trained with the configured objective (ioGRPO + mKL by
+default) on the sharpened groups, continuing from lora_checkpoint(k-1). The baselines read the full scored
+candidate set instead (sampled_workflows joined with execution_scores), as their papers do: score_dpo
+ScoreFlow's pairs, rwr W4S's every-candidate-once (`tables.training_data`). With no training data the parent
+policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from.
+
+Side table `training_rows` (one Parquet per iteration partition, a DuckDB view like heldout_results): the
+rows each objective trained on, e.g. `select objective, role, count(*) from training_rows group by all`."""
+
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say
+
+NAME = "lora_checkpoint"
+GROUP = "training"
+KINDS = {"pytorch", "parquet"}
+DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objective (ioGRPO + mKL by default) on the "
+               "sharpened groups, or for score_dpo / rwr on the full scored candidate set (ScoreFlow's pairs, W4S's "
+               "weighted candidates), continuing from lora_checkpoint(k-1). Side table: training_rows.")
+TRAINING_ROWS = "training_rows"
+
+
+def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharpened_groups: pl.DataFrame,
+            sampled_workflows: pl.DataFrame, execution_scores: pl.DataFrame) -> pl.DataFrame:
+    t0 = time.monotonic()
+    cfg = pipeline.config()
+    key = context.partition_key
+    store = pipeline.store()
+    parent = parent_or_fail(store, key)
+    check_provenance(key, parent, sampled_workflows)
+    tcfg = cfg.train_config()
+    examples, used = tables.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
+                                          tcfg.objective_config(), key_to_int(key))
+    out = store.adapter_dir(key)
+    stats, reused = _train_or_carry(context, cfg, examples, out, parent)
+    write_training_rows(store, key, used)  # after the adapter: a kill mid-training leaves neither
+    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective)
+    context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
+                                 "training_rows": dg.MetadataValue.json(_rows_summary(used))})
+    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
+                 f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
+                 + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
+    return tables.checkpoint_frame(row)
+
+
+def check_provenance(key: str, parent, sampled: pl.DataFrame) -> None:
+    """Refuse to train when sampled_workflows(k) was sampled from another adapter than the one now at k-1: the
+    trainer recomputes π_old from that adapter, which would then not be the policy that produced the data
+    (the importance ratios and the KL anchor would be wrong, silently). Fails before anything is written."""
+    if "parent_adapter_sha256" not in sampled.columns or sampled.height == 0:
+        return
+    recorded = sorted({str(v) if v is not None else "none (the base model)"
+                       for v in sampled["parent_adapter_sha256"].to_list()})
+    now = parent.sha256 if parent else None
+    if recorded == [now if now is not None else "none (the base model)"]:
+        return
+    where = f"lora_checkpoint[{parent.partition}] ({parent.path})" if parent else "the base model"
+    raise dg.Failure(
+        description=(
+            f"sampled_workflows[{key}] was sampled from the adapter with sha256 {', '.join(r[:16] for r in recorded)}, "
+            f"but π_{{k-1}} is now {where} with sha256 {(now or 'none')[:16]}: it was rematerialized or replaced "
+            f"after iteration {key} sampled, so the π_old the trainer would recompute is not the policy that produced "
+            f"these samples. Not training. Rematerialize sampled_workflows[{key}] and the assets after it for "
+            f"partition {key} (e.g. `spogw run --force`, or select sampled_workflows and its downstream for partition "
+            f"{key} in the UI); or restore the adapter that iteration {key} sampled from."),
+        metadata={"recorded_parent_adapter_sha256": dg.MetadataValue.text(", ".join(recorded)),
+                  "current_parent_adapter_sha256": dg.MetadataValue.text(now or "none")},
+        allow_retries=False)
+
+
+def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
+    """The training_rows side table of partition `key` (replaced on a rerun), then the DuckDB catalog."""
+    from spogw_dagster.pipeline.data.catalog import refresh_catalog
+
+    store.write_parquet(TRAINING_ROWS, key, rows)
+    refresh_catalog(store)
+    return store.parquet_path(TRAINING_ROWS, key)
+
+
+def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
+    """Rows per role and the distinct candidates they use (what training_rows holds, in brief)."""
+    roles = dict(sorted(rows.group_by("role").len().iter_rows())) if rows.height else {}
+    return {"rows": rows.height, "by_role": roles,
+            "distinct_workflows": rows.select(["query_id", "sample_idx"]).unique().height,
+            "queries": rows["query_id"].n_unique()}
+
+
+def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
+    """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
+    from spogw_dagster.core.train_launch import fit_adapter
+
+    from spogw_dagster.pipeline.data.adapters import carry_forward
+
+    tcfg = cfg.train_config()
+    if not examples:
+        reason = tcfg.spec.no_data  # the objective's own words (core.registry)
+        context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
+                            "checkpoint")
+        return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
+                             reason=reason), False
+    say(context, f"training {tcfg.objective} on {len(examples)} examples "
+                 f"(previous adapter: {parent.partition if parent else 'none'})")
+    res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
+                      previous_adapter=parent.path if parent else None, processes=cfg.training.processes,
+                      log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
+                      progress=lambda msg: say(context, msg))
+    return res.stats, res.reused
+
+
+def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examples: int,
+         objective: str) -> dict[str, Any]:
+    summary = stats.get("summary", {})
+    steps = stats.get("steps", [])
+    return {
+        "iteration": k, "adapter_path": str(out), "adapter_sha256": adapter_sha256(out),
+        "parent_iteration": parent.iteration if parent else None,
+        "parent_adapter_sha256": parent.sha256 if parent else None,
+        "trained": n_examples > 0, "reused": reused, "n_examples": n_examples,
+        "optimizer_steps": int(summary.get("optimizer_steps") or 0),
+        "first_loss": summary.get("first_loss"), "last_loss": summary.get("last_loss"),
+        "loss_curve": tables.step_curve(steps, "loss"), "kl_curve": tables.step_curve(steps, "kl"),
+        "train_seconds": summary.get("train_seconds"), "run_hash": stats.get("run_hash"), "objective": objective,
+    }
+
+
+def _metadata(row: dict[str, Any], parent, stats: dict[str, Any]) -> dict[str, Any]:
+    md: dict[str, Any] = {
+        "adapter_path": dg.MetadataValue.path(row["adapter_path"]),
+        "adapter_sha256": dg.MetadataValue.text(row["adapter_sha256"]),
+        "parent_checkpoint": dg.MetadataValue.json(parent.as_metadata() if parent else {"partition": None}),
+        "trained": dg.MetadataValue.bool(row["trained"]),
+        "reused_identical_run": dg.MetadataValue.bool(row["reused"]),
+        "examples": dg.MetadataValue.int(row["n_examples"]),
+        "optimizer_steps": dg.MetadataValue.int(row["optimizer_steps"]),
+        "objective": dg.MetadataValue.text(row["objective"]),
+        "training_summary": dg.MetadataValue.json({k: v for k, v in stats.get("summary", {}).items() if v is not None}),
+    }
+    losses, kls = row["loss_curve"], row["kl_curve"]
+    if losses:
+        from spogw_dagster.pipeline.defs.plots import curve
+
+        md["loss_curve"] = dg.MetadataValue.md(curve(losses, f"iteration {row['iteration']}: training loss", "loss",
+                                                     {"kl": kls} if kls else None))
+        md["last_loss"] = dg.MetadataValue.float(float(losses[-1]))
+    return md

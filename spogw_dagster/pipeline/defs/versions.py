@@ -1,0 +1,118 @@
+"""Code versions of the assets: a hash of every source file an asset's module imports, transitively (module-level
+and function-level imports inside the package, read from the source, so nothing is kept by hand), plus the
+files those modules load at run time instead of importing (`RUNTIME_FILES`), plus the config sections the asset
+reads (`config.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version changed") when
+either changes.
+
+The closure is deliberately generous: the resource that hands every asset its services imports the executors,
+the sandbox and the sampler lazily, so most assets cover most of the package. A version that changes too often
+costs a rerun; one that misses a file would hide stale data.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
+
+_PKG = Path(__file__).resolve().parents[2]  # spogw_dagster/
+_ROOT = _PKG.parent
+_NAME = _PKG.name
+
+# Files a module reads and runs in another process rather than importing: the sandbox's own scripts, as globs
+# in the sandbox folder (`sandbox/` of a checkout, installed as the package `spogw_sandbox`).
+RUNTIME_FILES: dict[str, str] = {
+    "isolation.py": "*.py",
+    "sandbox_env.py": "*.py",  # runner_path: the runner every sandboxed workflow runs
+    "docker_sandbox.py": "*",
+    "benchmarks/verdict.py": "*.py",
+}
+
+
+@lru_cache(maxsize=None)
+def sandbox_dir() -> Path:
+    """Where the sandbox's scripts are: the installed `spogw_sandbox` package (found without importing it) in a
+    wheel install, else `sandbox/` beside the package (a source checkout). A non-editable install has no
+    `sandbox/` beside site-packages' spogw_dagster, so globbing there found nothing and the code versions
+    missed the sandbox runner."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("spogw_sandbox")
+    locs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locs[0]).resolve() if locs else _ROOT / "sandbox"
+
+
+def _label(p: Path) -> str:
+    """A file's name in the hash: the same whether the sandbox is a checkout's folder or an installed package."""
+    sb = sandbox_dir()
+    return f"sandbox/{p.relative_to(sb)}" if p.is_relative_to(sb) else str(p.relative_to(_ROOT))
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] != _NAME:
+        return None
+    p = _ROOT.joinpath(*parts)
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+@lru_cache(maxsize=None)
+def _imported_names(path: Path) -> tuple[str, ...]:
+    """Every module name an import statement in `path` may refer to (`from a import b` gives a and a.b).
+    Cached: the asset modules' closures share most files, and parsing is what definitions loading pays for."""
+    rel = path.relative_to(_ROOT).with_suffix("")
+    package = list(rel.parts[:-1])
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            names += [base] + [f"{base}.{a.name}" for a in node.names]
+    return tuple(names)
+
+
+@lru_cache(maxsize=None)
+def import_closure(module: str) -> tuple[str, ...]:
+    """Source files (relative to the package) that `module` imports, transitively, itself included; a
+    submodule brings its packages' __init__ files."""
+    seen: set[Path] = set()
+    todo = [_module_file(module)]
+    while todo:
+        path = todo.pop()
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        for name in _imported_names(path):
+            parts = name.split(".")
+            todo += [_module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1)]
+    return tuple(sorted(str(p.relative_to(_PKG)) for p in seen))
+
+
+def asset_files(asset: str) -> list[Path]:
+    """Every file whose content is part of `asset`'s code version."""
+    files = [_PKG / f for f in import_closure(f"{_NAME}.pipeline.defs.assets.{asset}")]
+    for rel in import_closure(f"{_NAME}.pipeline.defs.assets.{asset}"):
+        if rel in RUNTIME_FILES:
+            files += sorted(p for p in sandbox_dir().glob(RUNTIME_FILES[rel]) if p.is_file())
+    return sorted(set(files))
+
+
+@lru_cache(maxsize=None)
+def source_hash(asset: str) -> str:
+    h = hashlib.sha256()
+    for p in asset_files(asset):
+        h.update(_label(p).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def code_version(asset: str, cfg: SpogwConfig) -> str:
+    return hashlib.sha256((source_hash(asset) + section_hash(cfg, asset)).encode()).hexdigest()[:16]

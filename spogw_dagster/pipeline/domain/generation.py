@@ -1,0 +1,48 @@
+"""Workflows from the generator: the prompts of a set of problems, sampled n times each from the base model
+(+ an adapter). The training samples (`sampled_workflows`, its refinement turns) and the held-out report
+(`heldout`) both sample through here, so both see the same prompts and sampling parameters."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from spogw_dagster.contracts import Problem
+
+from spogw_dagster.pipeline.data import tables
+
+__all__ = ["generate_samples", "sample_prompts"]
+
+
+def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
+                     seed: int):
+    """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
+    from spogw_dagster.workflow.template import generator_prompt
+
+    style = pipeline.config().generator.prompt
+    prompts = [generator_prompt(p.family, p.question, style) for p in problems]
+    samples, tps = sample_prompts(pipeline, adapter, prompts, n=n, temperature=temperature, seed=seed)
+    return prompts, samples, tps
+
+
+def sample_prompts(pipeline, adapter: Path | None, prompts: Sequence[str], *, n: int, temperature: float,
+                   seed: int) -> tuple[list[list[tables.Sample]], float]:
+    """`n` completions of each generator prompt from base (+ adapter); returns (samples, tokens/s)."""
+    from spogw_dagster.contracts import SamplingParams
+    from spogw_dagster.workflow.template import GENERATOR_STOP
+
+    g = pipeline.config().generator
+    sampler = pipeline.sampler(adapter, seed)
+    try:
+        params = SamplingParams(temperature=temperature, top_p=g.top_p if temperature > 0 else 1.0,
+                                max_tokens=g.max_new_tokens, seed=seed, stop=tuple(GENERATOR_STOP))
+        t0 = time.monotonic()
+        outs = sampler.generate(list(prompts), params, n=n)
+        dt = time.monotonic() - t0
+    finally:
+        sampler.close()
+    samples = [[tables.Sample(o.text, list(o.token_ids), list(o.logprobs), o.finish_reason) for o in row]
+               for row in outs]
+    ntok = sum(len(s.token_ids) for row in samples for s in row)
+    return samples, (ntok / dt if dt > 0 else 0.0)
