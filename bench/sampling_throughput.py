@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from spogw_dagster.core.sampling import SamplingParams, TransformersSampler, _derive_seed  # noqa: E402
+from spogw_dagster.core.sampling import SamplingParams, TransformersSampler  # noqa: E402
+from spogw_dagster.seeds import sampler_seed  # noqa: E402
 
 TASKS = [
     "add two numbers", "reverse a string", "check if a number is prime", "sum a list of integers",
@@ -75,7 +76,7 @@ def raw_generate(model, tok, prompts, p: SamplingParams, batch_size: int, seed: 
             ids[i, P - len(r) :] = torch.tensor(r)
             att[i, P - len(r) :] = 1
         kw = dict(do_sample=True, temperature=p.temperature, top_k=0, top_p=1.0) if p.temperature > 0 else dict(do_sample=False)
-        torch.manual_seed(_derive_seed(seed, b))
+        torch.manual_seed(sampler_seed(seed, b))
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=att, max_new_tokens=p.max_tokens,
                                  pad_token_id=tok.pad_token_id, eos_token_id=eos, **kw)

@@ -62,3 +62,22 @@ def test_the_trainer_trains_a_registered_objective(toy, tiny_model, tmp_path):
     assert len(res.stats["steps"]) == 1 and s0["rows"] == 4
     assert s0["loss"] == pytest.approx(-0.1875, abs=1e-6) and s0["grad_norm"] > 0
     assert res.stats["config"]["objective"] == TOY
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_the_built_in_objectives_declare_what_the_trainer_needs(beta):
+    """By hand from docs/algorithm.md: which policies each loss reads and at which temperature (T = 0.7 the
+    sampler's), whether its rows merge into unique workflows, and the β of its KL term."""
+    T = 0.7
+    want = {  # (needs π_old, needs π_ref, log-prob T, aggregates, KL β)
+        "spogw": (True, beta > 0, T, True, beta),
+        "grpo": (True, beta > 0, T, True, beta),
+        "grpo_nokl": (True, False, T, True, 0.0),
+        "score_dpo": (False, True, 1.0, False, 0.0),
+        "rwr": (False, False, 1.0, False, 0.0),
+    }
+    for name, expected in want.items():
+        c = ObjectiveConfig(objective=name, beta=beta)
+        tc = TrainConfig(objective=name, beta=beta, temperature=T)
+        assert (c.needs_old, c.needs_ref, c.logprob_temperature(T), tc.aggregates, c.effective_beta) == expected, name
+    assert [registry.get(n).data for n in want] == ["groups", "groups", "groups", "pairs", "candidates"]

@@ -12,9 +12,9 @@ import pytest
 from spogw_dagster.core.curation import ADVANTAGE_SCHEMA
 from spogw_dagster.pipeline.defs import plots
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data.adapters import carry_forward
+from spogw_dagster.pipeline.data.checkpoints import carry_forward
 from spogw_dagster.pipeline.settings import load_config
-from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.data.storage import AssetStore
 
 

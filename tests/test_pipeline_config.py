@@ -54,6 +54,7 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"generator": {"temperature": 0}}, "generator.temperature"),
     ({"executor": {"url": "http://x/v1"}}, "needs executor.model"),
     ({"reward": {"format": 0.5, "answer": 0.8}}, "sum to 1.7 > 1"),
+    ({"reward": {"valid": float("nan")}}, "finite numbers"),
     ({"iterations": 0}, "iterations"),
     ({"nonsense": 1}, "nonsense"),
 ])

@@ -11,7 +11,7 @@ import pytest
 
 from spogw_dagster.pipeline.settings import load_config
 from spogw_dagster.pipeline.defs.wiring import build_definitions
-from spogw_dagster.pipeline.data.lineage import MissingCheckpointError, parent_checkpoint
+from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, parent_checkpoint
 from spogw_dagster.pipeline.defs.partitions import (
     PARTITIONS_NAME,
     iteration_key,
@@ -36,7 +36,7 @@ def test_definitions_load_with_six_partitioned_assets_checks_job_and_sensor(tmp_
         node = graph.get(dg.AssetKey(name))
         assert node.partitions_def == iterations
         assert node.code_version and len(node.code_version) == 16
-    # lineage inside an iteration (the k-1 edge is imperative, see lineage.py)
+    # lineage inside an iteration (the k-1 edge is imperative, see data/checkpoints.py)
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("screened_groups")).parent_keys} == {
         "sampled_workflows", "execution_scores"}
     assert {p.to_user_string() for p in graph.get(dg.AssetKey("lora_checkpoint")).parent_keys} == {

@@ -186,9 +186,9 @@ def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_
     assert all(e.role is None for e in ex) and rows["advantage"].to_list() == [1.0, -1.0]
     store = AssetStore(tmp_path)
     write_training_rows(store, "0000", rows)
-    write_training_rows(store, "0001", tables.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), 1)[1])
+    write_training_rows(store, "0001", tables.rwr_training_data(sampled, scores, ObjectiveConfig(), 1)[1])
     write_training_rows(store, "0002", tables.score_dpo_training_data(
-        sampled, scores, ObjectiveConfig(objective="score_dpo", dpo_num_pairs=4), 2)[1])
+        sampled, scores, ObjectiveConfig(dpo_num_pairs=4), 2)[1])
     assert query(store, "select objective, count(*) from training_rows group by 1 order by 1") == [
         ("rwr", 5), ("score_dpo", 8), ("spogw", 2)]
 

@@ -240,7 +240,8 @@ class ObjectiveConfig(_FromDict):
 
     @property
     def effective_beta(self) -> float:
-        """β as the loss applies it: 0 for an objective without a KL term (`grpo_nokl`), `beta` otherwise."""
+        """β of the KL term as the loss applies it: `beta` for spogw and grpo, 0 for an objective without that
+        term (grpo_nokl; score_dpo and rwr, whose β is dpo_beta or none)."""
         return self.spec.effective_beta(self.beta)
 
     @property

@@ -595,7 +595,8 @@ def _micro_batch_objective(mb: Sequence[_Item], cfg: TrainConfig, logp, mask, de
     return compute_loss(cfg.objective, lb, ocfg or cfg.objective_config())
 
 
-def _lora_config(cfg: TrainConfig):
+def lora_config(cfg: TrainConfig):
+    """The peft LoraConfig of `cfg` (what every fresh adapter starts from: the trainer's and a carried one)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -690,7 +691,7 @@ def train_lora(
         "examples": per_example,
     }
     if dist.main:
-        _save_adapter(model, out, folder, stats)
+        save_adapter(model, out, folder, stats)
     dist.barrier()  # the other ranks return once the folder is in place
     if not dist.main:
         stats = json.loads((out / STATS_FILE).read_text())
@@ -790,12 +791,12 @@ def _trainable_adapter(model, prev: Path | None, cfg: TrainConfig, device):
             model.load_adapter(str(prev), adapter_name="default", is_trainable=True)
         else:
             torch.manual_seed(cfg.seed)
-            model.add_adapter("default", _lora_config(cfg))
+            model.add_adapter("default", lora_config(cfg))
         model.set_adapter("default")
         model.delete_adapter("previous")
     else:
         torch.manual_seed(cfg.seed)
-        model = get_peft_model(model, _lora_config(cfg))
+        model = get_peft_model(model, lora_config(cfg))
     model.to(device)
     params = []
     for n, p in model.named_parameters():
@@ -936,7 +937,7 @@ def _log_prob_shift(model, items: list[_Item], cfg: TrainConfig, pad_id: int, de
     return per_example, moved
 
 
-def _save_adapter(model, out: Path, folder: Path, stats: dict[str, Any]) -> None:
+def save_adapter(model, out: Path, folder: Path, stats: dict[str, Any]) -> None:
     """Write the PEFT folder and the stats into a temporary sibling, then rename it into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

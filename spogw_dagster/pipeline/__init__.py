@@ -13,7 +13,7 @@ Subpackages by concern (imports go from run control to definitions to the domain
 - `runs/`     run control: `loop` (`spogw run`), `locks`, `container_steps`, `commands` (the CLI
               subcommands), `preflight` (`spogw check`), `plan`, `cleanup` (`spogw gc`)
 - `data/`     the data layer: `storage` (atomic Parquet, adapter folders), `catalog` (DuckDB), `tables`
-              (schemas and pure frame builders), `lineage` (the checkpoint lookup), `adapters`
+              (schemas and pure frame builders), `checkpoints` (the parent lookup, a carried-forward adapter)
 - `domain/`   domain logic without Dagster objects: `rewards` (the ladder), `generation` (sampling the
               generator), `refinement` (W4S's turns), `heldout` (the report's scoring), `headline`
 """

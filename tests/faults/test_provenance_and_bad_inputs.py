@@ -54,7 +54,7 @@ def test_training_refuses_samples_from_another_parent_adapter(undisturbed, tmp_p
     save_file({k: v + 0.01 for k, v in tensors.items()}, str(w))
     # ... and its row says so, as a rematerialization writes it (a folder its row does not match is *damaged*:
     # test_damaged_adapter_is_refused_and_spogw_run_retrains_it)
-    from spogw_dagster.pipeline.data.lineage import adapter_sha256
+    from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 
     row = store.read_parquet("lora_checkpoint", "0000")
     store.write_parquet("lora_checkpoint", "0000", row.with_columns(
@@ -114,7 +114,7 @@ def test_damaged_adapter_is_refused_and_spogw_run_retrains_it(undisturbed, tmp_p
     might not): whatever reads it refuses, naming the file and the fix, and `spogw run` sees the iteration is
     damaged, resumes at lora_checkpoint (the assets before it are intact, with the instance's records) and
     retrains it to the same bytes; iteration 0001, which sampled from those bytes, is kept."""
-    from spogw_dagster.pipeline.data.lineage import MissingCheckpointError, parent_checkpoint
+    from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, parent_checkpoint
 
     root = tmp_path / "assets"
     shutil.copytree(undisturbed["root"], root)  # with its Dagster instance: what resuming reads

@@ -292,9 +292,9 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
     """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
     data = registry.get(objective).data  # what the objective trains on (core.registry)
     if data == "pairs":
-        return score_dpo_training_data(sampled, scores, ocfg, iteration)
+        return score_dpo_training_data(sampled, scores, ocfg, iteration, objective=objective)
     if data == "candidates":
-        return rwr_training_data(sampled, scores, ocfg, iteration)
+        return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
     return sharpened_training_data(sharpened, sampled, objective, iteration)
 
 
@@ -330,8 +330,8 @@ def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advan
                         completion_token_ids=list(r["completion_token_ids"]), group_id=group_id, role=role)
 
 
-def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
-                            iteration: int) -> tuple[list, pl.DataFrame]:
+def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
+                            objective: str = "score_dpo") -> tuple[list, pl.DataFrame]:
     """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
     candidate pairs of all queries, ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
     examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
@@ -347,7 +347,7 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
         gid = f"pair:{p['draw']}"
         for role, idx in (("chosen", p["chosen_idx"]), ("rejected", p["rejected_idx"])):
             r = by_key[(p["query_id"], idx)]
-            rows.append({"iteration": iteration, "objective": ocfg.objective, "example_idx": len(examples),
+            rows.append({"iteration": iteration, "objective": objective, "example_idx": len(examples),
                          "query_id": p["query_id"], "sample_idx": idx, "role": role, "group_id": gid,
                          "draw": p["draw"], "weight": p["weight"], "probability": p["probability"],
                          "score": float(r["score"])})
@@ -355,8 +355,8 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
     return examples, _frame(rows, TRAINING_ROWS_SCHEMA)
 
 
-def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
-                      iteration: int) -> tuple[list, pl.DataFrame]:
+def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
+                      objective: str = "rwr") -> tuple[list, pl.DataFrame]:
     """W4S's data: every scored candidate once (all turns and repairs), in key order, with reward r and weight
     exp(r / `rwr_temperature`) (the loss computes the same weight from r). r is `w4s_rewards` (W4S's
     history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
@@ -371,7 +371,7 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg,
     examples, rows = [], []
     for r, rew in zip(cands.iter_rows(named=True), r_of):
         w = math.exp(rew / ocfg.rwr_temperature)
-        rows.append({"iteration": iteration, "objective": ocfg.objective, "example_idx": len(examples),
+        rows.append({"iteration": iteration, "objective": objective, "example_idx": len(examples),
                      "query_id": r["query_id"], "sample_idx": r["sample_idx"], "role": "candidate",
                      "weight": w, "score": rew})
         examples.append(_example({**r, "score": rew}, group_id=r["query_id"]))

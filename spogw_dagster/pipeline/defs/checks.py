@@ -25,7 +25,7 @@ import warnings
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import iteration_key, iterations
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 

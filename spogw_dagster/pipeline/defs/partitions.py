@@ -3,7 +3,7 @@
 Dynamic because the loop is open-ended: the sensor and `spogw run` add iteration k+1 when k is done (a UI
 user can add a key from the launch dialog). Keys are zero-padded so that lexical and numeric order agree.
 Dagster cannot express "iteration k reads the checkpoint of k-1" (a cycle at asset-key level,
-dagster-io/dagster#13368); `lineage.parent_checkpoint` does that lookup imperatively.
+dagster-io/dagster#13368); `checkpoints.parent_checkpoint` does that lookup imperatively.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ keep their reward but curation drops them (our infrastructure failed, not the wo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -41,8 +42,8 @@ class Ladder:
 
     def __post_init__(self) -> None:
         ws = (self.format, self.valid, self.executes, self.answer)
-        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in ws):
-            raise ValueError(f"reward weights must be numbers, got {ws}")
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in ws):
+            raise ValueError(f"reward weights must be finite numbers, got {ws}")
         if any(w < 0 for w in ws):
             raise ValueError(f"reward weights must be >= 0, got (format, valid, executes, answer) = {ws}")
         if sum(ws) > 1.0 + 1e-9:

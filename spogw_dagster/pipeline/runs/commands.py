@@ -276,7 +276,7 @@ def _policy(path: str | None, kind: str):
 
     from spogw_dagster.pipeline.settings import ConfigValidationError
     from spogw_dagster.pipeline.domain.heldout import Policy
-    from spogw_dagster.pipeline.data.lineage import adapter_sha256
+    from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 
     if path is None or path == "base":
         return Policy("base", kind)

@@ -286,7 +286,14 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     from spogw_dagster.pipeline.runs.loop import run_loop
 
     steps = ContainerSteps(keep_containers)
-    outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
+    home = os.environ.get("DAGSTER_HOME")
+    try:
+        outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
+    finally:  # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
+        if home is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = home
     return [{"key": o.key, "status": o.status, "wall_s": o.wall_s, "run_id": o.run_id,
              "containers": steps.containers.get(o.key, [])} for o in outcomes]
 

@@ -231,7 +231,7 @@ def damaged_assets(store: AssetStore, key: str) -> list[str]:
     """The assets of iteration `key` whose partition is missing or unreadable, or stale in a way no config hash
     shows: sampled_workflows sampled from another adapter than the one now at k-1, lora_checkpoint's adapter
     folder not the one its row records."""
-    from spogw_dagster.pipeline.data.lineage import adapter_damage
+    from spogw_dagster.pipeline.data.checkpoints import adapter_damage
 
     return [a for a in ASSET_NAMES if not store.readable(a, key)
             or (a == "sampled_workflows" and not _sampled_from_current_parent(store, key))
@@ -301,8 +301,9 @@ def _run_iteration(steps: InProcessSteps, defs, instance, key: str, log_level: s
         defs, instance, key, [dg.AssetKey(a) for a in ASSET_NAMES[start:]] if start else None,
         {"spogw/iteration": key, "spogw/launched_by": steps.command},
         {"loggers": {"console": {"config": {"log_level": log_level}}}})
-    extra = steps.finished(key, result)
-    o = IterationOutcome(key, "ok" if result.success else "failed", time.monotonic() - t0,
+    wall = time.monotonic() - t0
+    extra = steps.finished(key, result)  # after the time: removing step containers is not the iteration's
+    o = IterationOutcome(key, "ok" if result.success else "failed", wall,
                          _asset_seconds(result), run_id=result.run_id,
                          checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
     for a in ASSET_NAMES:

@@ -12,7 +12,7 @@ import polars as pl
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data.lineage import adapter_sha256, weights_mismatch
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.defs.assets import heldout_results

@@ -13,7 +13,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
-from spogw_dagster.pipeline.data.lineage import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
+from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
 from spogw_dagster.pipeline.data.storage import AssetStore
 
 # Progress lines for terminals (`spogw run` prints this logger); the same text goes to the Dagster event log.

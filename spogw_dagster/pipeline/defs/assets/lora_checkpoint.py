@@ -15,7 +15,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.data.storage import AssetStore
@@ -99,7 +99,7 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
     """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
     from spogw_dagster.core.train_launch import fit_adapter
 
-    from spogw_dagster.pipeline.data.adapters import carry_forward
+    from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
     tcfg = cfg.train_config()
     if not examples:

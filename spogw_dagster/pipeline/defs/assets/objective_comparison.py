@@ -27,7 +27,7 @@ from spogw_dagster.core.methods import method_overrides, own_data
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data.lineage import adapter_sha256
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
@@ -137,7 +137,7 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
     from spogw_dagster.core.train_launch import fit_adapter
     from spogw_dagster.core.trainer import data_hash
 
-    from spogw_dagster.pipeline.data.adapters import carry_forward
+    from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
     mcfg = method_config(cfg, name)
     tcfg = mcfg.train_config()

@@ -1,4 +1,7 @@
-"""The cross-iteration edge: iteration k samples from the checkpoint of iteration k-1.
+"""Checkpoints: the adapter of each iteration, how iteration k finds its parent, and what is written when there
+is nothing to train on.
+
+**The cross-iteration edge.** Iteration k samples from the checkpoint of iteration k-1.
 
 Dagster cannot declare it (a cycle at asset-key level), so `sampled_workflows(k)` calls
 `parent_checkpoint(store, k)` itself. At k = 0 there is no parent (the base model). Otherwise the adapter
@@ -7,18 +10,30 @@ fast with a message naming the missing partition and how to fix it, before any m
 is written. A folder whose weights are not the bytes `lora_checkpoint(k-1)` recorded (`adapter_sha256`) is
 damaged (a bad disk, a partial copy, a hand edit) and fails the same way. The parent's partition, path and
 adapter hash go into the metadata (and columns) of iteration k.
+
+**When there is nothing to train on.** If no group survives screening (common with a 135M generator: every workflow of a query scores the same),
+iteration k has no training data. The loop still needs a checkpoint for k+1 to sample from, so the parent
+policy is carried forward unchanged: a copy of lora_checkpoint(k-1), or at k = 0 a freshly initialised LoRA
+whose B matrices are zero (exactly the base model). The folder is written atomically like the trainer's and
+its training_stats.json says `"trained": false` and why; the asset's metadata and table say so too.
+
+The adapter's file names are `spogw_dagster.adapter_files` (the core's trainer writes the same folder).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spogw_dagster.adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS
-from spogw_dagster.fsutil import file_sha256
-from spogw_dagster.pipeline.defs.partitions import key_to_int, previous_key
+from spogw_dagster.adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
+from spogw_dagster.fsutil import file_sha256, replace_dir
 from spogw_dagster.pipeline.data.storage import AssetStore
-
+from spogw_dagster.pipeline.defs.partitions import key_to_int, previous_key
 
 
 class MissingCheckpointError(RuntimeError):
@@ -91,3 +106,42 @@ def parent_checkpoint(store: AssetStore, partition: str) -> ParentCheckpoint | N
             f"is damaged: {damaged}. Rematerialize lora_checkpoint[{prev}] (`spogw run` does, resuming at it) and "
             "the iterations after it, or restore the adapter folder from a backup.")
     return ParentCheckpoint(partition=prev, iteration=key_to_int(prev), path=folder, sha256=sha)
+
+
+def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | None, tcfg, base_model: str,
+                  reason: str) -> dict[str, Any]:
+    """Write the parent's adapter (or an identity LoRA at k = 0) to `out`; returns its stats."""
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    stats: dict[str, Any] = {
+        "trained": False, "reason": reason, "previous_adapter": str(parent) if parent else None,
+        "config": tcfg.to_dict(), "steps": [], "summary": {"optimizer_steps": 0},
+        "run_hash": None,
+    }
+    if parent is None:  # the trainer's own fresh LoRA (B = 0) and its atomic save
+        _identity_adapter(out, tcfg, base_model, stats)
+        return stats
+    try:
+        shutil.copytree(parent, tmp)
+        (tmp / STATS_FILE).unlink(missing_ok=True)
+        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return stats
+
+
+def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -> None:
+    """A fresh LoRA exactly as the trainer starts one (seeded; B = 0, so it is the base model), saved as the
+    trainer saves (atomically, with its stats and the weights' hash)."""
+    import torch
+    from peft import get_peft_model
+
+    from spogw_dagster.core.trainer import lora_config, save_adapter
+    from spogw_dagster.models import load_model_and_tokenizer, resolve_model
+
+    model, _ = load_model_and_tokenizer(base_model, dtype=tcfg.dtype)
+    torch.manual_seed(tcfg.seed)
+    save_adapter(get_peft_model(model, lora_config(tcfg)), out, resolve_model(base_model), stats)
