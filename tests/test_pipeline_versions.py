@@ -54,7 +54,7 @@ def test_an_installed_wheel_covers_the_sandbox_scripts_too(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = (tmp_path / "whl").glob("spogw_dagster-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
-    code = ("import spogw_dagster; from spogw_dagster.pipeline import versions as v; "
+    code = ("import spogw_dagster; from spogw_dagster.pipeline.defs import versions as v; "
             "print(spogw_dagster.__file__); print(v.sandbox_dir()); "
             "print(' '.join(v._label(p) for p in v.asset_files('execution_scores')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
