@@ -17,9 +17,13 @@ except (OSError, AttributeError):  # not Linux
 
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
     """A `preexec_fn` that asks the kernel to send the child `sig` when the parent's forking thread ends.
-    PR_SET_PDEATHSIG fires when that *thread* ends, so fork from a thread that lives as long as the child."""
+    PR_SET_PDEATHSIG fires when that *thread* ends, so fork from a thread that lives as long as the child.
+    It also puts SIGTERM and SIGINT back to their default action: an ignored signal is inherited across exec,
+    and a child that ignores SIGTERM outlives every attempt to stop it short of SIGKILL."""
 
     def preexec() -> None:  # runs in the child between fork and exec
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if _PRCTL is not None:
             _PRCTL(1, sig)  # PR_SET_PDEATHSIG
 

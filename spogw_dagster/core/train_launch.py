@@ -109,7 +109,7 @@ def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // processes)))  # no oversubscription
     # SIGTERM when this process dies: the launcher (torch's elastic agent) then stops its workers
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                            env=env, preexec_fn=_launcher_preexec)
+                            env=env, preexec_fn=die_with_parent(signal.SIGTERM))
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -131,17 +131,6 @@ def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None)
         raise RuntimeError(f"training on {processes} processes failed (accelerate launch exit {rc}); the end of its "
                            f"output:\n{text}\nfix: the error above; to rule out the launcher, set "
                            "training.processes: 1")
-
-
-_DIE_WITH_PARENT = die_with_parent(signal.SIGTERM)
-
-
-def _launcher_preexec() -> None:
-    """In the child before exec: SIGTERM when this process dies, and SIGTERM/SIGINT at their default action
-    (an ignored signal is inherited across exec; the launcher must stop when told to)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _DIE_WITH_PARENT()
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

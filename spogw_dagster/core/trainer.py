@@ -887,10 +887,8 @@ def _optimizer_step(model, params, opt, group: list[list[_Item]], cfg: TrainConf
             acc[k] = acc.get(k, 0.0) + w * float(v)
         tokens += int(cb.completion_mask.sum())
     dist.sum_gradients(params)
-    if dist.world > 1:
-        summed = dist.sum_numbers({**acc, "__tokens": float(tokens)})
-        tokens = int(summed.pop("__tokens"))
-        acc = summed
+    acc = dist.sum_numbers({**acc, "__tokens": float(tokens)})  # over the ranks (one process: as is)
+    tokens = int(acc.pop("__tokens"))
     grad_norm = torch.nn.utils.clip_grad_norm_(
         params, cfg.max_grad_norm if cfg.max_grad_norm is not None else float("inf")
     )

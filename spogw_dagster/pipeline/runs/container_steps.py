@@ -219,6 +219,20 @@ def _removing_containers(remove: bool):
             remove_step_containers(os.getpid())
 
 
+@contextlib.contextmanager
+def _restored_environ(*keys: str):
+    """The environment variables `keys` as they were before, however the block ends."""
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class ContainerSteps:
     """How the loop executes an iteration's run with every step in its own container: the iteration job of the
     code location `MODULE` (built from the environment this sets: SPOGW_STEP_EXECUTOR=docker, the assets
@@ -233,8 +247,8 @@ class ContainerSteps:
 
     @contextlib.contextmanager
     def session(self, cfg, root: Path, config_file, say):
-        saved = {k: os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE")}
-        try:  # the step containers read these; the caller's environment is restored after
+        # the step containers read these; the caller's environment is restored after
+        with _restored_environ(ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE"):
             os.environ.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root)})
             if config_file:
                 os.environ["SPOGW_CONFIG"] = str(Path(config_file).resolve())
@@ -254,12 +268,6 @@ class ContainerSteps:
             reaper = contextlib.nullcontext(None) if self.keep_containers else _Reaper(os.getpid())
             with _removing_containers(not self.keep_containers), reaper as self._reaper:
                 yield self
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     def execute(self, defs, instance, key: str, selection, tags: dict[str, str], run_config: dict):
         import dagster as dg
@@ -286,14 +294,9 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     from spogw_dagster.pipeline.runs.loop import run_loop
 
     steps = ContainerSteps(keep_containers)
-    home = os.environ.get("DAGSTER_HOME")
-    try:
+    # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
+    with _restored_environ("DAGSTER_HOME"):
         outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
-    finally:  # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
-        if home is None:
-            os.environ.pop("DAGSTER_HOME", None)
-        else:
-            os.environ["DAGSTER_HOME"] = home
     return [{"key": o.key, "status": o.status, "wall_s": o.wall_s, "run_id": o.run_id,
              "containers": steps.containers.get(o.key, [])} for o in outcomes]
 
