@@ -146,7 +146,7 @@ def sandbox_start_cost(n: int = 20) -> None:
     import sys
     import time
 
-    from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation, run_code
+    from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation, run_code
     from spogw_dagster.contracts import ChatResult, Problem
     from spogw_dagster.workflow.runtime import execute_workflow
 
@@ -173,7 +173,7 @@ def sandbox_start_cost(n: int = 20) -> None:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-I", "-S", "-c", "pass"], check=True)
         plain.append(time.perf_counter() - t)
-        if iso.kind == "bwrap":
+        if iso.name == "bwrap":
             for with_filter, times in ((False, bare_bwrap), (True, filtered_bwrap)):
                 t = time.perf_counter()
                 bwrap_pass(iso, with_filter)
@@ -193,7 +193,7 @@ def sandbox_start_cost(n: int = 20) -> None:
 
     asyncio.run(run_all())
     base = statistics.median(plain)
-    print(f"\nsandbox start cost ({iso.kind}, median of {n}):")
+    print(f"\nsandbox start cost ({iso.name}, median of {n}):")
     print(f"    plain python subprocess     {base * 1e3:7.1f} ms   1.00x")
     rows = (("bwrap, no seccomp filter", bare_bwrap), ("bwrap + seccomp filter", filtered_bwrap),
             ("run_code (sandboxed)", sandboxed), ("workflow run, 1 operator", workflow))
@@ -209,12 +209,11 @@ def bwrap_pass(iso, with_filter: bool) -> None:
     import os
     import subprocess
 
-    from spogw_dagster import seccomp
-    from spogw_dagster.isolation import Limits, _wrap
+    from spogw_dagster.sandboxing import Limits, RunIdentity, seccomp
 
     fd = seccomp.program_fd()
     try:
-        cmd = _wrap(iso, [sys.executable, "-I", "-S", "-c", "pass"], Limits(), [], seccomp_fd=fd)
+        cmd = iso.command([sys.executable, "-I", "-S", "-c", "pass"], Limits(), [], RunIdentity(seccomp_fd=fd))
         if not with_filter:
             at = cmd.index("--seccomp")
             del cmd[at:at + 2]

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 from spogw_dagster.benchmarks import CodeSandbox, load_benchmark, score_code  # noqa: E402
 from spogw_dagster.benchmarks.code_tests import score_code_single_process  # noqa: E402
 from spogw_dagster.evaluation import SCORING_LIMITS  # noqa: E402
-from spogw_dagster.isolation import detect_isolation, run_code  # noqa: E402
+from spogw_dagster.sandboxing import detect_isolation, run_code  # noqa: E402
 
 # HumanEval/0 (7 calls of the entry point), /32 (100 calls, floats), /53 (105 calls), /2 (3 calls)
 DEFAULT_PROBLEMS = "HumanEval/0,HumanEval/2,HumanEval/32,HumanEval/53"
@@ -68,7 +68,7 @@ def main() -> None:
     by_id = {p.id: p for p in load_benchmark("humaneval")}
     problems = [by_id[pid] for pid in args.problems.split(",")]
     times = asyncio.run(measure(problems, iso, args.n))
-    print(f"HumanEval scoring per answer, {iso.kind} ({iso.detail}), median of {args.n} (p90):")
+    print(f"HumanEval scoring per answer, {iso.name} ({iso.detail}), median of {args.n} (p90):")
     print(f"    {'problem':<14}{'old (1 process)':>20}{'new (2 processes)':>22}{'new/old':>10}")
     ratios = []
     for p in problems:

@@ -18,7 +18,7 @@ buffer), and an audit hook refuses process creation (os.fork/exec/spawn/posix_sp
 and _posixsubprocess.fork_exec, which has no audit event and is swapped for a tripwire), sockets, ctypes,
 file opens and any import that is not already loaded once the workflow starts: a tripwire that turns an
 escape attempt into `sandbox_violation` (the OS isolation and its seccomp filter are what actually hold; see
-spogw_dagster/isolation.py and spogw_dagster/seccomp.py).
+spogw_dagster/sandboxing/).
 """
 
 import asyncio

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from .isolation import SandboxUnavailableError, detect_isolation
+from .sandboxing import SandboxUnavailableError, detect_isolation, isolation_choices
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the endpoint's API key")
     p.add_argument("--no-cache", action="store_true", help="do not use the persistent executor call cache")
     p.add_argument("--cache-path", default=None, help="call cache file (default: ~/.cache/spogw/calls.sqlite)")
-    p.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "docker", "none"])
+    p.add_argument("--isolation", default="auto", choices=list(isolation_choices()))
     p.add_argument("--unsafe-no-sandbox", action="store_true",
                    help="allow running generated code without a sandbox when none is available")
     p.add_argument("--seed", type=int, default=0)
@@ -71,10 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sandbox_build_image(args) -> int:
-    from .docker_sandbox import DockerUnavailableError, build_image
+    from .sandboxing.engine import DockerUnavailableError
+    from .sandboxing.images import SANDBOX_IMAGE, build_image
 
     try:
-        print(build_image(force=args.force))
+        print(build_image(SANDBOX_IMAGE, force=args.force))
     except DockerUnavailableError as e:
         return _fail(str(e), as_json=False)
     return 0
@@ -171,7 +172,7 @@ async def _baseline(args) -> int:
     finally:
         await executor.aclose()
     summary = {"benchmark": args.benchmark, "method": args.method, "executor": executor.model,
-               "isolation": iso.kind, **summarize(results)}
+               "isolation": iso.name, **summarize(results)}
     if args.show or args.json:
         summary["results"] = [{"query": r.query_id, "status": r.status.value, "score": r.score} for r in results]
     if args.json:

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .isolation import Isolation, Limits
+from .sandboxing import Isolation, Limits
 from .seeds import derive_seed
 from .contracts import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
@@ -209,12 +209,12 @@ async def evaluate_workflow(
             error = error or res.error
         scores.append(s)
     status = aggregate_status(statuses)
-    return EvalResult(problem.benchmark, problem.id, status, sum(scores) / runs, answer, error, usage, iso.kind,
+    return EvalResult(problem.benchmark, problem.id, status, sum(scores) / runs, answer, error, usage, iso.name,
                       time.monotonic() - t0, [s.value for s in statuses], scores, detail, produced)
 
 
 def rejected_result(problem: Problem, e: WorkflowRejected, iso: Isolation) -> EvalResult:
-    return EvalResult(problem.benchmark, problem.id, e.status, 0.0, error=e.reason, isolation=iso.kind)
+    return EvalResult(problem.benchmark, problem.id, e.status, 0.0, error=e.reason, isolation=iso.name)
 
 
 async def evaluate_text(text: str, problem: Problem, executor, iso: Isolation, **kw) -> EvalResult:

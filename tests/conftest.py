@@ -35,7 +35,7 @@ def _why_no_engine_can_start() -> str:
 
 def _start_dockerd(log_path: str) -> subprocess.Popen:
     """dockerd with the vfs storage driver (the only one that works on this machine's kernel/filesystem)."""
-    from spogw_dagster.docker_sandbox import engine_answers
+    from spogw_dagster.sandboxing.engine import engine_answers
 
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["dockerd", "--storage-driver=vfs"], stdout=log, stderr=subprocess.STDOUT,
@@ -67,7 +67,8 @@ def docker_engine():
     """A Docker engine with the sandbox image built (spogw sandbox build-image; cached by tag): the engine
     that already answers, or one this session starts as root (`dockerd --storage-driver=vfs`) and stops at
     the end. Skips only when no engine can start, saying exactly why. Yields the engine's version."""
-    from spogw_dagster.docker_sandbox import build_image, engine_answers
+    from spogw_dagster.sandboxing.engine import engine_answers
+    from spogw_dagster.sandboxing.images import SANDBOX_IMAGE, build_image
 
     started = None
     ok, version = engine_answers()
@@ -79,7 +80,7 @@ def docker_engine():
         started = _start_dockerd(log_path)
         version = engine_answers()[1]
     try:
-        build_image(log=lambda msg: None)  # an engine answers: a failure here is ours, not a reason to skip
+        build_image(SANDBOX_IMAGE, log=lambda msg: None)  # an engine answers: a failure here is ours, not a reason to skip
         yield version
     finally:
         if started is not None:

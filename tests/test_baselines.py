@@ -17,7 +17,7 @@ from spogw_dagster.evaluation import (
     baseline_workflow,
 )
 from spogw_dagster.benchmarks.queries import get_problem, held_out_problems
-from spogw_dagster.isolation import detect_isolation
+from spogw_dagster.sandboxing import detect_isolation
 from spogw_dagster.workflow.operators import OperatorConfig, vote_key
 from spogw_dagster.workflow.parser import parse_workflow, validate
 from spogw_dagster.workflow.runtime import execute_workflow

@@ -20,7 +20,7 @@ from spogw_dagster.benchmarks import (
 )
 from spogw_dagster.benchmarks.code_tests import _module
 from spogw_dagster.benchmarks.humaneval import KNOWN_WRONG_EXAMPLES, code_preamble
-from spogw_dagster.isolation import detect_isolation
+from spogw_dagster.sandboxing import detect_isolation
 
 
 @pytest.fixture(scope="module")

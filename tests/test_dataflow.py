@@ -153,7 +153,7 @@ async def test_a_run_earns_the_executes_rung_only_if_a_solution_writing_operator
     below is not trivial by its code, but its runs never call `custom`, so they get no executes credit."""
     from spogw_dagster.contracts import Problem
     from spogw_dagster.evaluation import evaluate_workflow
-    from spogw_dagster.isolation import detect_isolation
+    from spogw_dagster.sandboxing import detect_isolation
     from spogw_dagster.pipeline.domain.rewards import executes_share
     from tests.fakes import ScriptedExecutor
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from spogw_dagster import docker_sandbox, seccomp
-from spogw_dagster.isolation import DOCKER_IMAGE, Limits, detect_isolation, run_code
+from spogw_dagster.sandboxing import backend_docker as docker_sandbox
+from spogw_dagster.sandboxing import engine, images, seccomp
+from spogw_dagster.sandboxing import Limits, detect_isolation, run_code
+from spogw_dagster.sandboxing.backend_docker import IMAGE as DOCKER_IMAGE
 from spogw_dagster.contracts import Status
 from tests.test_isolation_seccomp import CLONE_NEWUSER, NUMBERS, assert_filter_denies_and_allows
 
@@ -66,8 +68,8 @@ def test_profile_is_the_seccomp_policy_in_dockers_format():
 
 def test_image_is_built_without_a_registry_and_stays_an_empty_skeleton(docker_engine):
     assert docker_sandbox.IMAGE == DOCKER_IMAGE
-    assert docker_sandbox.build_image(log=lambda m: None) == f"{DOCKER_IMAGE} is up to date"  # idempotent
-    size = docker_sandbox.docker("image", "inspect", "--format", "{{.Size}}", DOCKER_IMAGE)
+    assert images.build_image(images.SANDBOX_IMAGE, log=lambda m: None) == f"{DOCKER_IMAGE} is up to date"  # idempotent
+    size = engine.docker("image", "inspect", "--format", "{{.Size}}", DOCKER_IMAGE)
     # vfs copies the image into every container: a Debian+Python image (252 MB) cost 1.3-4.4 s per start
     assert int(size.stdout) < 64 * 1024, f"the sandbox image grew to {int(size.stdout)} bytes"
 
@@ -174,9 +176,9 @@ def test_cli_exec_workflow_runs_with_the_bundled_executor_in_docker(docker_engin
 
 ORPHAN_PARENT = """
 import subprocess, sys, time
-from spogw_dagster.docker_sandbox import run_command
-from spogw_dagster.isolation import Limits
-cmd = run_command([sys.executable, "-I", "-S", "-c", "import time; time.sleep(600)"], Limits(), [], None, sys.argv[1])
+from spogw_dagster.sandboxing import Docker, Limits, RunIdentity
+cmd = Docker().command([sys.executable, "-I", "-S", "-c", "import time; time.sleep(600)"], Limits(), [],
+                       RunIdentity(container=sys.argv[1]))
 subprocess.Popen(cmd, stdin=subprocess.PIPE, start_new_session=True)  # as spawn does: its own session
 time.sleep(600)
 """

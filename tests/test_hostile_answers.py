@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation
+from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation
 from tests.fake_openai_server import FakeOpenAIServer
 from tests.fakes import connection_recorder
 

@@ -28,7 +28,7 @@ import pytest
 
 from spogw_dagster.benchmarks import code_tests as ct
 from spogw_dagster.benchmarks.verdict import CodeSandbox, plaindata
-from spogw_dagster.isolation import Limits, detect_isolation
+from spogw_dagster.sandboxing import Limits, detect_isolation
 from tests.fake_openai_server import FakeOpenAIServer
 from tests.test_hostile_answers import (  # noqa: F401  (isolation: the bwrap/docker fixture)
     CODE_WF,
@@ -399,7 +399,7 @@ def has_close_elements(numbers, threshold):
 
 def test_base_site_packages_are_not_readable_by_the_solution(isolation):
     """Both sandboxes cover third-party package directories with an empty read-only tmpfs
-    (sandbox_env.package_dirs_to_mask)."""
+    (sandboxing.environment.package_dirs_to_mask)."""
     iso = detect_isolation(isolation)
     detail = asyncio.run(ct.score_code(_humaneval_0(), SITE_PACKAGES_PROBE, CodeSandbox(iso)))
     assert detail.score == 0.0, detail

@@ -5,17 +5,18 @@ import sys
 
 import pytest
 
-from spogw_dagster.isolation import DOCKER_IMAGE, Isolation, Limits, _wrap, detect_isolation, run_code, signal_status
+from spogw_dagster.sandboxing import Bubblewrap, Docker, Limits, RunIdentity, detect_isolation, run_code, signal_status
+from spogw_dagster.sandboxing.backend_docker import IMAGE as DOCKER_IMAGE
 from spogw_dagster.contracts import Status
 
 LIMITS = Limits(wall_s=5, cpu_s=3, memory_mb=512, nproc=8, scratch_mb=32, fsize_mb=4, nofile=32)
 
 
 def test_docker_command_isolates_network_filesystem_privileges_and_resources():
-    from spogw_dagster.sandbox_env import sandbox_python
+    from spogw_dagster.sandboxing.environment import sandbox_python
 
-    cmd = _wrap(Isolation("docker"), [sys.executable, "-I", "-S", "/sandbox/runner.py"], LIMITS,
-                [("/host/extra.py", "/sandbox/extra.py")])
+    cmd = Docker().command([sys.executable, "-I", "-S", "/sandbox/runner.py"], LIMITS,
+                           [("/host/extra.py", "/sandbox/extra.py")], RunIdentity(container="spogw-test"))
     joined = " ".join(cmd)
     for flag in ("--network none", "--read-only", "--cap-drop ALL", "--security-opt no-new-privileges",
                  "--security-opt seccomp=", "--pids-limit 8", "--memory 512m", "--memory-swap 512m",
@@ -33,8 +34,8 @@ def test_docker_command_isolates_network_filesystem_privileges_and_resources():
 
 
 def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
-    iso = Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv")
-    cmd = _wrap(iso, ["python3", "-c", "pass"], LIMITS, [], uid=1234567, seccomp_fd=9)
+    iso = Bubblewrap(bwrap="/x/bwrap", setpriv="/usr/bin/setpriv")
+    cmd = iso.command(["python3", "-c", "pass"], LIMITS, [], RunIdentity(uid=1234567, seccomp_fd=9))
     joined = " ".join(cmd)
     for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--clearenv", "--ro-bind /usr /usr",
                  "--seccomp 9",
@@ -46,7 +47,7 @@ def test_bwrap_command_as_root_drops_to_a_fresh_uid_without_capabilities():
 
 
 def test_bwrap_command_without_root_uses_a_user_namespace():
-    cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [], seccomp_fd=9)
+    cmd = Bubblewrap(bwrap="/x/bwrap").command(["python3"], LIMITS, [], RunIdentity(seccomp_fd=9))
     assert "--unshare-user" in cmd and "--seccomp" in cmd and "--cap-drop" in cmd and "setpriv" not in " ".join(cmd)
 
 
@@ -75,18 +76,18 @@ def test_unknown_isolation_is_a_clear_error():
 
 
 async def test_a_sandbox_that_does_not_start_raises_instead_of_scoring():
-    from spogw_dagster.isolation import SandboxStartError
+    from spogw_dagster.sandboxing import SandboxStartError
 
     with pytest.raises(SandboxStartError, match="did not start"):
-        await run_code("print(1)", Isolation("bwrap", bwrap="/bin/false"), LIMITS)
+        await run_code("print(1)", Bubblewrap(bwrap="/bin/false"), LIMITS)
 
 
 async def test_memory_budget_covers_all_processes_of_a_run():
     """rlimits are per process; the run's cgroup caps the sandbox as a whole (when cgroups are usable)."""
-    from spogw_dagster.cgroups import manager
+    from spogw_dagster.sandboxing.cgroups import manager
 
     iso = detect_isolation()
-    if iso.kind != "bwrap" or not manager().available:
+    if iso.name != "bwrap" or not manager().available:
         pytest.skip(f"no cgroup budget here ({manager().why_not})")
     prog = ("import os, time\n"
             "kids = []\n"
@@ -107,12 +108,12 @@ async def test_memory_budget_covers_all_processes_of_a_run():
 
 
 def test_stale_run_cgroups_of_dead_processes_are_swept():
-    from spogw_dagster.cgroups import manager, sweep_stale
+    from spogw_dagster.sandboxing.cgroups import manager, sweep_stale
 
     m = manager()
     if m.kind != "v1":
         pytest.skip(f"cgroup v1 not in use here ({m.kind or m.why_not})")
-    from spogw_dagster.cgroups import GROUP, ROOT
+    from spogw_dagster.sandboxing.cgroups import GROUP, ROOT
 
     top = ROOT / "pids" / GROUP
     dead_pid = 2 ** 22 + 7  # above pid_max: no such process
@@ -128,7 +129,7 @@ def test_stale_run_cgroups_of_dead_processes_are_swept():
 def test_sandbox_starts_the_base_interpreter_and_mounts_nothing_of_a_venv():
     """The venv's python is the base binary plus a pyvenv.cfg that only adds site-packages, which sandboxed
     code never loads (-I -S): the sandbox runs the base binary and binds its prefix, not the venv."""
-    from spogw_dagster.sandbox_env import sandbox_python
+    from spogw_dagster.sandboxing.environment import sandbox_python
 
     py = sandbox_python()
     assert os.path.isfile(py.executable) and os.access(py.executable, os.X_OK)
@@ -137,11 +138,11 @@ def test_sandbox_starts_the_base_interpreter_and_mounts_nothing_of_a_venv():
     if sys.prefix != sys.base_prefix:  # running from a venv: none of it is visible inside
         venv = os.path.realpath(sys.prefix)
         assert not any(m == venv or m.startswith(venv + "/") for m in py.mounts), py.mounts
-        cmd = _wrap(Isolation("bwrap", bwrap="/x/bwrap", setpriv="/usr/bin/setpriv"),
-                    [sys.executable, "-I", "-S", "-c", "pass"], LIMITS, [], seccomp_fd=9)
+        cmd = Bubblewrap(bwrap="/x/bwrap", setpriv="/usr/bin/setpriv").command(
+            [sys.executable, "-I", "-S", "-c", "pass"], LIMITS, [], RunIdentity(seccomp_fd=9))
         assert sys.executable not in cmd and py.executable in cmd
 
 
 def test_bwrap_refuses_to_build_a_command_without_the_syscall_filter():
     with pytest.raises(ValueError, match="seccomp_fd"):
-        _wrap(Isolation("bwrap", bwrap="/x/bwrap"), ["python3"], LIMITS, [])
+        Bubblewrap(bwrap="/x/bwrap").command(["python3"], LIMITS, [], RunIdentity())

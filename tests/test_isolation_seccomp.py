@@ -1,4 +1,4 @@
-"""The syscall filter (spogw_dagster/seccomp.py) inside the real bwrap sandbox: namespace creation, mounts,
+"""The syscall filter (spogw_dagster/sandboxing/seccomp.py) inside the real bwrap sandbox: namespace creation, mounts,
 io_uring and the rest fail with EPERM, clone3 with ENOSYS (so glibc falls back to clone), foreign-ABI
 syscalls kill the process; while threads, fork, subprocess, math and json keep working."""
 
@@ -7,8 +7,8 @@ import platform
 
 import pytest
 
-from spogw_dagster import seccomp
-from spogw_dagster.isolation import Limits, detect_isolation, run_code
+from spogw_dagster.sandboxing import seccomp
+from spogw_dagster.sandboxing import Limits, detect_isolation, run_code
 from spogw_dagster.contracts import Status
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=512, nproc=16)
@@ -76,7 +76,7 @@ print(json.dumps({"denied": out, "ok": ok}))
 @pytest.fixture(scope="module")
 def iso():
     iso = detect_isolation()
-    if iso.kind != "bwrap":
+    if iso.name != "bwrap":
         pytest.skip(f"the bwrap sandbox is not available here ({iso.detail})")
     return iso
 

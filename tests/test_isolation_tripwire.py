@@ -7,7 +7,7 @@ starts; the runner only forwards the call."""
 
 import pytest
 
-from spogw_dagster.isolation import Limits, detect_isolation
+from spogw_dagster.sandboxing import Limits, detect_isolation
 from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fakes import ScriptedExecutor
@@ -48,7 +48,7 @@ def workflow(body: str, swallow: bool) -> str:
 @pytest.fixture(scope="module")
 def iso():
     iso = detect_isolation()
-    if iso.kind == "none":
+    if iso.name == "none":
         pytest.skip("no sandbox here")
     return iso
 

@@ -15,7 +15,7 @@ from spogw_dagster.benchmarks.queries import get_problem, held_out_problems
 from spogw_dagster.evaluation import SCORING_LIMITS, evaluate_workflow
 from spogw_dagster.executors import CachingExecutor, CallCache
 from spogw_dagster.executors.embedded import EmbeddedExecutor
-from spogw_dagster.isolation import detect_isolation
+from spogw_dagster.sandboxing import detect_isolation
 from spogw_dagster.contracts import Status
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.template import TEMPLATES

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from spogw_dagster.isolation import Limits, detect_isolation
+from spogw_dagster.sandboxing import Limits, detect_isolation
 from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.runtime import execute_workflow
@@ -36,7 +36,7 @@ async def test_operator_calls_round_trip_and_are_accounted(iso):
     assert res.answer == "second \\boxed{2}"
     assert res.operator_calls == 4
     assert res.usage.llm_calls == 3 and res.usage.prompt_tokens == 21 and res.usage.completion_tokens == 9
-    assert res.isolation == iso.kind
+    assert res.isolation == iso.name
     # the query text reached the executor (the workflow itself never saw it); instructions came first
     users = [m[-1]["content"] for m, _ in ex.calls]
     assert users[0].startswith("A\n\nWhat is 6 times 7?") and users[2].startswith("C\n\n")
@@ -198,9 +198,9 @@ async def test_pathological_operator_input_fails_the_call_not_the_parent(iso, pi
 
 
 async def test_a_sandbox_that_does_not_start_is_an_infrastructure_error(iso):
-    from spogw_dagster.isolation import Isolation
+    from spogw_dagster.sandboxing import Bubblewrap
 
-    broken = Isolation("bwrap", bwrap="/bin/false", setpriv=iso.setpriv)
+    broken = Bubblewrap(bwrap="/bin/false", setpriv=getattr(iso, "setpriv", ""))
     res = await execute_workflow(wf("return await self.custom(instruction='x')"), MATH, ScriptedExecutor(), broken,
                                  limits=FAST)
     assert res.status == Status.EXECUTOR_ERROR and "sandbox failed to start" in res.error

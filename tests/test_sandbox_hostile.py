@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 from spogw_dagster.evaluation import evaluate_workflow
-from spogw_dagster.isolation import Limits, detect_isolation, run_code
+from spogw_dagster.sandboxing import Limits, detect_isolation, run_code
 from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.workflow.runtime import execute_workflow
 from tests.fakes import ScriptedExecutor, connection_recorder
@@ -77,7 +77,7 @@ SPAWNED_CONTAINERS: set[str] = set()
 @pytest.fixture(autouse=True)
 def record_sandbox_uids(monkeypatch):
     """Remember the uid of every sandbox this test starts (other processes on the machine may run sandboxes too)."""
-    import spogw_dagster.isolation as isolation
+    import spogw_dagster.sandboxing.process as isolation
     import spogw_dagster.workflow.runtime as runtime
 
     real = isolation.spawn
@@ -112,7 +112,7 @@ def sandbox_containers() -> list[str]:
     """Containers (docker sandbox) that this test module started and that still exist, running or not."""
     if not SPAWNED_CONTAINERS:
         return []
-    from spogw_dagster.docker_sandbox import leftover_containers
+    from spogw_dagster.sandboxing.backend_docker import leftover_containers
 
     return [name for name in leftover_containers() if name in SPAWNED_CONTAINERS]
 
@@ -260,15 +260,15 @@ async def test_hostile_generated_programs_in_run_code(iso, listener, name):
 
 
 def test_isolation_none_requires_explicit_opt_in():
-    from spogw_dagster.isolation import SandboxUnavailableError
+    from spogw_dagster.sandboxing import SandboxUnavailableError
 
     with pytest.raises(SandboxUnavailableError, match="--unsafe-no-sandbox"):
         detect_isolation("none")
-    assert detect_isolation("none", allow_unsandboxed=True).kind == "none"
+    assert detect_isolation("none", allow_unsandboxed=True).name == "none"
 
 
 def test_docker_isolation_refuses_clearly_without_an_engine():
-    from spogw_dagster.isolation import SandboxUnavailableError
+    from spogw_dagster.sandboxing import SandboxUnavailableError
 
     if shutil.which("docker") and subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
         pytest.skip("a Docker engine is reachable here")

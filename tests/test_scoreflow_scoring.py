@@ -8,7 +8,7 @@ import pytest
 
 from spogw_dagster.contracts import Problem
 from spogw_dagster.evaluation import evaluate_workflow
-from spogw_dagster.isolation import detect_isolation
+from spogw_dagster.sandboxing import detect_isolation
 from spogw_dagster.workflow.operators import OperatorConfig
 from tests.fakes import ScriptedExecutor
 

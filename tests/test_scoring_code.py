@@ -25,7 +25,7 @@ from spogw_dagster.benchmarks import (
     write_mbpp_fixture,
 )
 from spogw_dagster.benchmarks.verdict import plaindata
-from spogw_dagster.isolation import Isolation, Limits, SandboxStartError, detect_isolation
+from spogw_dagster.sandboxing import Bubblewrap, Limits, SandboxStartError, detect_isolation
 from spogw_dagster.contracts import Problem
 
 LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8, max_output_bytes=100_000)
@@ -298,7 +298,7 @@ async def test_public_tests_report_each_test(he, sandbox):
 
 
 async def test_a_sandbox_that_does_not_start_raises_not_scores(he):
-    broken = CodeSandbox(Isolation("bwrap", bwrap="/bin/false"), LIMITS)
+    broken = CodeSandbox(Bubblewrap(bwrap="/bin/false"), LIMITS)
     with pytest.raises(SandboxStartError, match="did not start"):
         await score_code(he["HumanEval/2"], he["HumanEval/2"].answer, broken)
 

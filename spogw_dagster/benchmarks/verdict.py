@@ -16,7 +16,7 @@ the same process). Here:
                                                 hands it to the test process, which builds the values; reads
                                                 the verdict from the test process only.
 
-Both processes start through `isolation.spawn` with the caller's `Limits` (bwrap, docker or none), each
+Both processes start through `sandboxing.spawn` with the caller's `Limits` (bwrap, docker or none), each
 with its own rlimits, cgroup and (bwrap as root) uid. An always-equal object, an int subclass whose __eq__
 says yes, a generator: none is plain data, so the call fails ("unserialisable result"). Exceptions raised
 by the solution are raised again in the test process (same builtin type), so `assert`s fail and tests that
@@ -44,7 +44,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..isolation import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
+from ..sandboxing import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
 from ..contracts import Status, clean_json
 
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
@@ -281,7 +281,7 @@ class _Relay:
         except (asyncio.TimeoutError, _Failed):
             msg = None
         if not msg or msg.get("type") != "ready":
-            raise SandboxStartError(f"the {self.sandbox.iso.kind} sandbox for the {side.role} process did not "
+            raise SandboxStartError(f"the {self.sandbox.iso.name} sandbox for the {side.role} process did not "
                                     f"start: {side.err.decode(errors='replace').strip()[-300:]}")
 
     async def _load(self) -> None:

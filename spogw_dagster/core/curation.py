@@ -57,13 +57,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import polars as pl
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.seeds import derive_seed
 
 from .hyperparams import CurationConfig
+from .pairs import draw, ordered_pairs, pair_weight
 
 __all__ = [
     "CurationResult",
@@ -802,19 +802,14 @@ def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataF
 
     Scores 1, 0.5, 0 of one query, power 3: pairs (1, 0.5), (1, 0), (0.5, 0) with weights 0.125, 1, 0.125,
     probabilities 0.1, 0.8, 0.1."""
-    if power < 0:
-        raise ValueError(f"power={power} must be >= 0")
+    pair_weight(1.0, 0.0, power)  # refuses a negative power even for a frame without pairs
     cand: list[dict[str, Any]] = []
     for (it, qid, _pg), rows in _by_query(df):  # pairs never join completions of two prompts
-        for a, b in itertools.combinations(rows, 2):
-            sa, sb = float(a["score"]), float(b["score"])
-            if sa == sb:
-                continue
-            w, l = (a, b) if sa > sb else (b, a)
-            sw, sl = float(w["score"]), float(l["score"])
-            cand.append({"iteration": it, "query_id": qid, "chosen_idx": w["sample_idx"],
-                         "rejected_idx": l["sample_idx"], "chosen_score": sw, "rejected_score": sl,
-                         "weight": (sw - sl) ** power})
+        scores = [float(r["score"]) for r in rows]
+        for w, l in ordered_pairs(scores):
+            cand.append({"iteration": it, "query_id": qid, "chosen_idx": rows[w]["sample_idx"],
+                         "rejected_idx": rows[l]["sample_idx"], "chosen_score": scores[w],
+                         "rejected_score": scores[l], "weight": pair_weight(scores[w], scores[l], power)})
     total = math.fsum(c["weight"] for c in cand)
     for c in cand:
         c["probability"] = c["weight"] / total
@@ -837,11 +832,9 @@ def sample_preference_pairs(
     cand = preference_pair_candidates(df, power)
     if cand.height == 0:
         return _frame(None, PAIRS_SCHEMA)
-    p = cand["probability"].to_numpy().astype(np.float64)
-    p = p / p.sum()  # exact normalisation for numpy's check
     k = cand.height if n_pairs is None else n_pairs
-    picks = np.random.default_rng(seed).choice(cand.height, size=k, replace=True, p=p)
-    out = cand.select(pl.all().gather(picks.tolist())).with_columns(pl.Series("draw", list(range(k)), dtype=pl.Int64()))
+    picks = draw(cand["probability"].to_list(), k, seed)
+    out = cand.select(pl.all().gather(picks)).with_columns(pl.Series("draw", list(range(k)), dtype=pl.Int64()))
     return out.select(list(PAIRS_SCHEMA)).cast(PAIRS_SCHEMA)  # type: ignore[arg-type]
 
 

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from . import registry
+from .pairs import draw, ordered_pairs, pair_weight
 from .hyperparams import ObjectiveConfig
 
 __all__ = [
@@ -432,24 +433,20 @@ def sample_pairs(
     seed: int = 0,
 ) -> Tensor:
     """(chosen, rejected) row pairs drawn with replacement ∝ (s_w − s_l)^power among rows of the same group
-    with different scores. Candidates are enumerated as (i, j), i < j in row order; the draw uses a CPU
-    `torch.Generator` seeded with `seed`. Returns a [P, 2] long tensor (P = 0 when there is no candidate)."""
+    with different scores (`pairs.ordered_pairs`, `pairs.pair_weight`). Candidates are enumerated as (i, j),
+    i < j in row order; the draw is the pipeline's (`pairs.draw`, numpy, seeded with `seed`). Returns a [P, 2]
+    long tensor (P = 0 when there is no candidate)."""
     s = scores.detach().to(torch.float64).cpu().tolist()
     g = group_ids.detach().cpu().tolist() if group_ids is not None else [0] * len(s)
     cand: list[tuple[int, int]] = []
     weights: list[float] = []
-    for i in range(len(s)):
-        for j in range(i + 1, len(s)):
-            if g[i] != g[j] or s[i] == s[j]:
-                continue
-            w, l = (i, j) if s[i] > s[j] else (j, i)
+    for w, l in ordered_pairs(s):
+        if g[w] == g[l]:
             cand.append((w, l))
-            weights.append((s[w] - s[l]) ** power)
+            weights.append(pair_weight(s[w], s[l], power))
     if not cand:
         return torch.zeros((0, 2), dtype=torch.long)
-    k = len(cand) if num_pairs is None else num_pairs
-    gen = torch.Generator().manual_seed(seed)
-    picks = torch.multinomial(torch.tensor(weights, dtype=torch.float64), k, replacement=True, generator=gen)
+    picks = draw(weights, len(cand) if num_pairs is None else num_pairs, seed)
     return torch.tensor(cand, dtype=torch.long)[picks]
 
 

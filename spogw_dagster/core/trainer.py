@@ -86,7 +86,7 @@ class TrainConfig(ObjectiveConfig):
     Schedule:   epochs over the dataset; batch_size rows per micro-batch; grad_accum micro-batches per
                 optimizer step (a smaller last step at the end of an epoch is still taken).
     Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps, the score_dpo / rwr
-                knobs and seed are inherited from `core.config.ObjectiveConfig` (declared and validated there).
+                knobs and seed are inherited from `core.hyperparams.ObjectiveConfig` (declared and validated there).
     Policies:   ref_mode "base" | "previous"; init "continue" | "restart"; old_logprobs "recompute" | "data";
                 temperature (must equal the sampling temperature; 1.0 for greedy data). Log-probs are taken at
                 `logprob_temperature` (the objective's: 1.0 for score_dpo / rwr, `temperature` otherwise).

@@ -46,6 +46,7 @@ from spogw_dagster.core.trainer import TrainConfig
 from spogw_dagster.pipeline.domain.rewards import Ladder
 
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
+from spogw_dagster.sandboxing.detect import isolation_choices
 
 __all__ = [
     "ConfigValidationError",
@@ -228,11 +229,18 @@ class ExecutionSection(_Section):
 
     runs: int = Field(1, ge=1)
     concurrency: int = Field(2, ge=1)
-    isolation: Literal["auto", "bwrap", "docker", "none"] = "auto"
+    isolation: str = "auto"  # one of sandboxing.isolation_choices(): auto, a backend's name, or none
     allow_unsandboxed: bool = False
     wall_s: float = Field(180.0, gt=0)
     seed: int = 0
     max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # above it execution_scores fails (writes nothing)
+
+    @field_validator("isolation")
+    @classmethod
+    def _known_isolation(cls, v: str) -> str:
+        if v not in isolation_choices():
+            raise ValueError(f"unknown isolation {v!r}; expected one of {', '.join(isolation_choices())}")
+        return v
 
 
 def _derived(core_cls: type, *, exclude: tuple[str, ...] = ()) -> type[_Section]:
@@ -256,14 +264,14 @@ class RewardSection(_derived(Ladder)):  # type: ignore[misc]
 
 
 class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
-    """The fields of `core.config.CurationConfig` (see it for their meaning and defaults)."""
+    """The fields of `core.hyperparams.CurationConfig` (see it for their meaning and defaults)."""
 
     def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())
 
 
 class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  # type: ignore[misc]
-    """The fields of `core.trainer.TrainConfig` (see it, and `core.config.ObjectiveConfig` for the objective's)
+    """The fields of `core.trainer.TrainConfig` (see it, and `core.hyperparams.ObjectiveConfig` for the objective's)
     except the temperature and dtype, which are the generator's; plus `processes`: how many processes train
     the adapter together (`accelerate launch`, one per GPU; `core.train_launch`). It changes how the adapter is
     computed, not what (the same run up to float rounding), so it is outside the config hash and the run hash;

@@ -22,7 +22,7 @@ from ..benchmarks import (
     run_public_tests,
     solution_code,
 )
-from ..isolation import Isolation, Limits, run_code
+from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
 from ..contracts import Problem, SamplingParams
 from .template import OPERATORS

@@ -34,14 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
-from ..isolation import (
-    Isolation,
-    Limits,
-    SandboxStartError,
-    signal_status,
-    spawn,
-)
-from ..sandbox_env import runner_path
+from ..sandboxing import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
 from ..seeds import derive_seed
 from ..contracts import Problem, Status, Usage, clean_json
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
@@ -56,7 +49,6 @@ from .template import PRODUCING_OPERATORS, operator_names
 
 log = logging.getLogger(__name__)
 
-RUNNER_IN_SANDBOX = "/sandbox/runner.py"
 INTERNAL_ERROR = "internal error"  # prefix of the error of a run that tripped a bug of ours (runtime_error)
 # Operator calls may be in flight unserved (waiting for a free executor, or our own code working) this many
 # times the operator-time budget before the run is abandoned as an internal error.
@@ -128,20 +120,20 @@ async def execute_workflow(
         try:
             validate(code, problem.family, validation)
         except WorkflowRejected as e:
-            return WorkflowRunResult(e.status, error=e.reason, isolation=iso.kind, wall_s=time.monotonic() - t0)
+            return WorkflowRunResult(e.status, error=e.reason, isolation=iso.name, wall_s=time.monotonic() - t0)
 
     metered = _FaultTimer(executor)
     ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
                     operator_names(problem.family))
     script = str(runner or runner_path())
-    argv = [sys.executable, "-I", "-S", RUNNER_IN_SANDBOX if iso.kind != "none" else script]
+    inside, binds = iso.runner(script)
     try:
-        sp = await spawn(iso, argv, limits, [(script, RUNNER_IN_SANDBOX)] if iso.kind == "bwrap" else [])
+        sp = await spawn(iso, [sys.executable, "-I", "-S", inside], limits, binds)
     except SandboxStartError as e:  # EAGAIN, EMFILE, a missing binary: ours, before any workflow code ran
-        return WorkflowRunResult(Status.EXECUTOR_ERROR, error=f"sandbox failed to start: {e}", isolation=iso.kind,
+        return WorkflowRunResult(Status.EXECUTOR_ERROR, error=f"sandbox failed to start: {e}", isolation=iso.name,
                                  wall_s=time.monotonic() - t0)
     status, answer, error = await _Conversation(code, problem, sp, ops, metered, op_cfg, limits).run()
-    return WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.kind,
+    return WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.name,
                              time.monotonic() - t0, ops.trace)
 
 

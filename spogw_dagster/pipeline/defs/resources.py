@@ -99,7 +99,7 @@ class PipelineResource(dg.ConfigurableResource):
         return list(_queries(b.name, b.data_path, b.split_seed, b.train_queries, b.heldout_queries)[1])
 
     def isolation(self):
-        from spogw_dagster.isolation import detect_isolation
+        from spogw_dagster.sandboxing import detect_isolation
 
         e = self.config().execution
         return detect_isolation(e.isolation, e.allow_unsandboxed)
@@ -181,7 +181,7 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
     async def one(j: EvalJob):
         if j.code is None:
             return EvalResult(j.problem.benchmark, j.problem.id, Status(j.reject_status), 0.0,
-                              error=j.reject_reason, isolation=iso.kind)
+                              error=j.reject_reason, isolation=iso.name)
         async with sem:
             return await evaluate_workflow(j.code, j.problem, executor, iso, runs=cfg.execution.runs, seed=seed,
                                            op_cfg=op_cfg, limits=limits)

@@ -55,11 +55,11 @@ def mode() -> str:
 # ---------------------------------------------------------------- the step container
 
 def step_seccomp_profile() -> dict:
-    """seccomp.py's deny list (Docker's JSON form, as docker_sandbox.seccomp_profile) minus BWRAP_NEEDS and the
+    """seccomp.py's deny list (Docker's JSON form, as backend_docker.seccomp_profile) minus BWRAP_NEEDS and the
     clone-with-namespace rules: what bwrap needs to build the sandbox, which then applies the full filter."""
-    from spogw_dagster import docker_sandbox
+    from spogw_dagster.sandboxing import backend_docker
 
-    prof = docker_sandbox.seccomp_profile()
+    prof = backend_docker.seccomp_profile()
     rules = []
     for r in prof["syscalls"]:
         if r.get("args") and r["names"] == ["clone"]:
@@ -73,9 +73,9 @@ def step_seccomp_profile() -> dict:
 def _ro_paths() -> list[str]:
     """Host paths each step needs read-only at the same path: /usr (+ real top-level dirs), the interpreter's
     prefix, the venv, the repository, the dynamic loader's cache, TLS certificates."""
-    from spogw_dagster import docker_sandbox
+    from spogw_dagster.sandboxing import backend_docker
 
-    paths = list(docker_sandbox.host_mounts())
+    paths = list(backend_docker.host_mounts())
     for p in (sys.prefix, str(REPO), "/etc/ld.so.cache", "/etc/ssl/certs"):
         if os.path.exists(p) and p not in paths:
             paths.append(p)

@@ -1,7 +1,7 @@
 """Code versions of the assets: a hash of every source file an asset's module imports, transitively (module-level
 and function-level imports inside the package, read from the source, so nothing is kept by hand), plus the
 files those modules load at run time instead of importing (`RUNTIME_FILES`), plus the config sections the asset
-reads (`config.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version changed") when
+reads (`settings.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version changed") when
 either changes.
 
 The closure is deliberately generous: the resource that hands every asset its services imports the executors,
@@ -25,9 +25,9 @@ _NAME = _PKG.name
 # Files a module reads and runs in another process rather than importing: the sandbox's own scripts, as globs
 # in the sandbox folder (`sandbox/` of a checkout, installed as the package `spogw_sandbox`).
 RUNTIME_FILES: dict[str, str] = {
-    "isolation.py": "*.py",
-    "sandbox_env.py": "*.py",  # runner_path: the runner every sandboxed workflow runs
-    "docker_sandbox.py": "*",
+    "sandboxing/process.py": "*.py",
+    "sandboxing/environment.py": "*.py",  # runner_path: the runner every sandboxed workflow runs
+    "sandboxing/images.py": "*",  # the sandbox image is built from sandbox/Dockerfile
     "benchmarks/verdict.py": "*.py",
 }
 

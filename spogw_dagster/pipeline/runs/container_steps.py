@@ -4,7 +4,7 @@
 executor of `step_executor.py` (`ContainerSteps`): each iteration one `execute_job` of the iteration job, its
 steps in containers; `spogw run` itself runs steps in-process.
 
-The image (IMAGE) is a skeleton built in seconds with no registry, in the style of docker_sandbox.py: `docker
+The image (IMAGE) is a skeleton built in seconds with no registry, made by sandboxing/images.py like the sandbox's: `docker
 import` of a tar holding only this host's top-level layout; the step sees the host's /usr, the interpreter's
 prefix, the repository and its venv read-only at their own paths (so no pip inside a build, and a code change
 needs no rebuild), and read-write, at their own paths: the assets directory (Parquet, adapters, the call cache
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -28,6 +27,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.sandboxing import images
+from spogw_dagster.sandboxing.engine import DockerUnavailableError, docker, last_line
+from spogw_dagster.sandboxing.images import ImageSpec, host_skeleton
 from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
 
 SKELETON_LABEL = "org.spogw.steps.skeleton"
@@ -36,64 +38,29 @@ MODULE = "spogw_dagster.pipeline.runs.container_steps"  # what the step containe
 
 # ---------------------------------------------------------------- the image
 
-def skeleton_entries() -> list[tuple[str, str, str]]:
-    """The sandbox skeleton's entries, with /sbin as on the host (ctypes finds libseccomp through
-    /sbin/ldconfig) instead of the empty mount point the sandbox keeps for docker-init."""
-    from spogw_dagster import docker_sandbox
-
-    drop = {"sbin", docker_sandbox.SANDBOX_DIR_INSIDE.strip("/")}  # no sandbox scripts: bwrap runs inside
-    out = [e for e in docker_sandbox.skeleton_entries() if e[1] not in drop]
-    out.append(("link", "sbin", os.readlink("/sbin")) if os.path.islink("/sbin") else ("dir", "sbin", ""))
-    return out
-
-
-def skeleton_digest() -> str:
-    return hashlib.sha256(json.dumps(sorted(skeleton_entries())).encode()).hexdigest()[:16]
-
-
-def _skeleton_tar() -> bytes:
-    from spogw_dagster.docker_sandbox import tar_of
-
-    return tar_of(skeleton_entries())
+# The host's layout with /sbin as on the host (ctypes finds libseccomp through /sbin/ldconfig) and no sandbox
+# scripts (bwrap runs inside the step); /usr, the venv and the repository are bound at run time.
+STEP_IMAGE = ImageSpec(tag=IMAGE, label=SKELETON_LABEL, entries=lambda: host_skeleton(host_sbin=True),
+                       message="spogw step skeleton (host layout only; /usr, the venv and the repo are bound at run time)",
+                       changes=(f"WORKDIR {REPO}",))
 
 
 def image_status() -> tuple[bool, str]:
-    from spogw_dagster.docker_sandbox import _tail, docker
-
-    res = docker("image", "inspect", "--format", f'{{{{index .Config.Labels "{SKELETON_LABEL}"}}}}', IMAGE)
-    if res.returncode != 0:
-        return False, f"image {IMAGE} is missing ({_tail(res)})"
-    if res.stdout.decode().strip() != skeleton_digest():
-        return False, f"image {IMAGE} was built for another host layout"
-    return True, "up to date"
+    return images.image_status(STEP_IMAGE)
 
 
 def build_image(force: bool = False, log=print) -> str:
     """IMAGE with no registry and no build: `docker import` of the skeleton (a few hundred bytes). Idempotent."""
-    from spogw_dagster.docker_sandbox import DockerUnavailableError, _tail, docker, engine_answers
-
-    ok, why = engine_answers()
-    if not ok:
-        raise DockerUnavailableError(f"{why}. Fix: start one as root: `dockerd --storage-driver=vfs &`")
-    if not force and image_status()[0]:
-        return f"{IMAGE} is up to date"
-    log(f"importing the step image {IMAGE} (host layout only; /usr, the venv and the repo are bound at run time)")
-    res = docker("import", "--message", "spogw step skeleton", "--change", f"LABEL {SKELETON_LABEL}={skeleton_digest()}",
-                 "--change", f"WORKDIR {REPO}", "-", IMAGE, stdin=_skeleton_tar())
-    if res.returncode != 0:
-        raise DockerUnavailableError(f"docker import of {IMAGE} failed: {_tail(res)}")
-    return f"built {IMAGE}"
+    return images.build_image(STEP_IMAGE, force, log)
 
 
 def own_image_status(image: str) -> tuple[bool, str]:
     """A self-contained image (docker/Dockerfile, e.g. spogw:latest) is usable for this repository: it exists and
     was built with SRC = this repository's path (the code location's working directory, which the steps load
     their code from; nothing of the host's is bound for such an image)."""
-    from spogw_dagster.docker_sandbox import _tail, docker
-
     res = docker("image", "inspect", "--format", "{{.Config.WorkingDir}}", image)
     if res.returncode != 0:
-        return False, (f"image {image} is missing ({_tail(res)}). Fix: docker/build_image.sh (builds spogw:latest "
+        return False, (f"image {image} is missing ({last_line(res)}). Fix: docker/build_image.sh (builds spogw:latest "
                        "from docker/Dockerfile with no registry)")
     wd = res.stdout.decode().strip()
     if wd != str(REPO):
@@ -126,8 +93,6 @@ def _recon_job(job_name: str):
 def step_containers(pid: int | None = None) -> list[dict[str, str]]:
     """Our step containers (of the orchestrating process `pid`): name, id, hostname, exit code, status, image,
     step key, mounts."""
-    from spogw_dagster.docker_sandbox import docker
-
     res = docker("ps", "--all", "--filter", f"label={STEP_LABEL}" + (f"={pid}" if pid else ""),
                  "--format", "{{.ID}}")
     ids = res.stdout.decode().split() if res.returncode == 0 else []
@@ -148,8 +113,6 @@ def step_containers(pid: int | None = None) -> list[dict[str, str]]:
 
 
 def remove_step_containers(pid: int | None = None) -> int:
-    from spogw_dagster.docker_sandbox import docker
-
     ids = [c["id"] for c in step_containers(pid)]
     if ids:
         docker("rm", "--force", *ids, timeout=120)
@@ -192,8 +155,6 @@ class _Reaper:
                 pass
 
     def sweep(self) -> None:
-        from spogw_dagster.docker_sandbox import docker
-
         with self._lock:
             now = time.monotonic()
             for c in step_containers(self.pid):
@@ -259,8 +220,6 @@ class ContainerSteps:
             if os.environ.get(ENV_IMAGE):
                 ok, why = own_image_status(os.environ[ENV_IMAGE])
                 if not ok:
-                    from spogw_dagster.docker_sandbox import DockerUnavailableError
-
                     raise DockerUnavailableError(why)
             else:
                 say(build_image(log=say))

@@ -285,7 +285,7 @@ def _endpoint(url: str, model: str | None, api_key_env: str | None, timeout_s: f
 
 
 def _sandbox(cfg, **_) -> list[Finding]:
-    from spogw_dagster.isolation import SandboxUnavailableError, detect_isolation
+    from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation
 
     e = cfg.execution
     try:
@@ -294,7 +294,7 @@ def _sandbox(cfg, **_) -> list[Finding]:
         what, _, fix = str(err).partition(" Fix: ")
         return [Finding("sandbox", False, what.rstrip("."), fix.rstrip(".") or
                         "set execution.isolation to auto, or execution.allow_unsandboxed: true to opt out")]
-    return [Finding("sandbox", True, iso.kind + (f" ({iso.detail})" if iso.detail else ""))]
+    return [Finding("sandbox", True, iso.name + (f" ({iso.detail})" if iso.detail else ""))]
 
 
 def _assets(cfg, *, assets_dir, **_) -> list[Finding]:

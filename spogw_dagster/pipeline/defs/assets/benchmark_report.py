@@ -54,7 +54,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
         "executor_cache_hits": dg.MetadataValue.int(scored.counters["cache_hits"]),
         "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),
         "heldout_results": dg.MetadataValue.path(str(side)),
-        "isolation": dg.MetadataValue.text(pipeline.isolation().kind),
+        "isolation": dg.MetadataValue.text(pipeline.isolation().name),
         **executor_runtime_metadata(),
     })
     say(context, _headline(report, this.system, prev.system) + f"; {time.monotonic() - t0:.1f} s")

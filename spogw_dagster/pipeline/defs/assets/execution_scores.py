@@ -39,7 +39,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
             return res, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}, ex.model
 
     say(context, f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
-                 f"isolation={iso.kind}")
+                 f"isolation={iso.name}")
     results, counters, executor_model = asyncio.run(run())
     ladder = cfg.reward.core()
     df = tables.execution_frame(
@@ -49,7 +49,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),
         "executor": dg.MetadataValue.text(executor_model),
-        "isolation": dg.MetadataValue.text(iso.kind),
+        "isolation": dg.MetadataValue.text(iso.name),
         "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
         **executor_runtime_metadata(),
     })

@@ -1,6 +1,6 @@
 """What a sandboxed process is given, whichever backend starts it: its limits, the interpreter it runs and the
 host paths that interpreter needs, the paths to hide from it, and the runner it executes; and the two errors
-a sandbox raises. `isolation` (bubblewrap, no isolation) and `docker_sandbox` both build on it."""
+a sandbox raises. Every backend (backend_bwrap, backend_docker, backend_none) builds on it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = ["SandboxUnavailableError", "SandboxStartError", "Limits", "SandboxPython", "runner_path",
-           "sandbox_python", "package_dirs_to_mask"]
+           "sandbox_python", "package_dirs_to_mask", "SANDBOX_DIR_INSIDE", "RUNNER_INSIDE"]
+
+# Where the child-side scripts appear inside a sandbox that hides the host's paths (bwrap, docker).
+SANDBOX_DIR_INSIDE = "/sandbox"
+RUNNER_INSIDE = f"{SANDBOX_DIR_INSIDE}/runner.py"
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -45,7 +49,7 @@ def runner_path() -> Path:
 
         return Path(spogw_sandbox.__file__).with_name("runner.py")
     except ImportError:  # running from a source checkout without installing
-        return Path(__file__).resolve().parent.parent / "sandbox" / "runner.py"
+        return Path(__file__).resolve().parents[2] / "sandbox" / "runner.py"
 
 
 @dataclass(frozen=True)
