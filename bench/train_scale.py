@@ -6,7 +6,7 @@
 Synthetic data with the paper's curation: for each of `--queries` queries m = 16 distinct workflows with
 seeded scores in {0, 1/3, 2/3, 1}, `core.curation.curate` with n = 14, t = 4, g_max = 120 (all C(16, 14) = 120
 groups, screened, sharpened to 2t = 8 rows, advantages), joined into one `TrainExample` per sharpened member
-and group exactly as `pipeline.data.tables.training_examples` does (~960 rows per query from <= 16 workflows).
+and group exactly as `pipeline.data.training_inputs.training_examples` does (~960 rows per query from <= 16 workflows).
 
 Both modes run `train_lora` on the same examples with the same config (spogw, β = 0.1, π_old recomputed,
 π_ref = base; batch_size rows per micro-batch and one optimizer step over all the data, i.e. grad_accum covers

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from spogw_dagster.pipeline.domain import headline as hl
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data.storage import AssetStore
 
@@ -55,8 +56,8 @@ def test_baseline_pairs_need_only_the_executor_seed():
     a = tables.heldout_frame(_rows("P", "checkpoint", 0, [1, 0]))
     b = tables.heldout_frame(_rows("baseline:io", "baseline", 0, [0, 0], seed=None))
     with pytest.raises(ValueError, match="different seeds"):
-        tables.paired_comparison(a, b)
-    (r,) = [x for x in tables.paired_comparison(a, b, resamples=50, generator_seeds=False)
+        report_stats.paired_comparison(a, b)
+    (r,) = [x for x in report_stats.paired_comparison(a, b, resamples=50, generator_seeds=False)
             if x["metric"] == "answer_score"]
     assert r["diff"] == 0.5
 
@@ -135,8 +136,8 @@ def test_old_partitions_without_copy_columns_do_not_break_the_headline(tmp_path)
     rows = hl.headline(store, resamples=50)
     assert {r["against"] for r in rows} == {"base", "baseline:io"}
     held = hl.heldout_rows(store)
-    metrics = {r["metric"] for r in tables.paired_comparison(tables.system_rows(held, "spogw@0001"),
-                                                              tables.system_rows(held, "base"), resamples=50)}
+    metrics = {r["metric"] for r in report_stats.paired_comparison(report_stats.system_rows(held, "spogw@0001"),
+                                                              report_stats.system_rows(held, "base"), resamples=50)}
     assert "answer_score" in metrics and "near_copy_rate" not in metrics
 
 

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from spogw_dagster.core.methods import METHODS, method_overrides, own_data
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.assets.objective_comparison import MethodRun, comparison_frame, method_config
 from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
@@ -115,7 +116,7 @@ def test_holm_columns_over_the_table_family():
                          iteration=1, parent_sha256="P", config_hash="C", split_ids_sha256="S",
                          resamples=4000, seed=0)
     fam = t.filter(pl.col("p_value").is_not_null())
-    metrics = len(tables.RATE_METRICS) + len(tables.MEAN_METRICS)
+    metrics = len(report_stats.RATE_METRICS) + len(report_stats.MEAN_METRICS)
     assert fam.height == 2 * metrics and set(fam["family_size"].to_list()) == {2 * metrics}  # grpo and rwr
     assert t.filter(pl.col("method") == "spogw")["p_value"].null_count() == t.filter(pl.col("method") == "spogw").height
     rwr = fam.filter(pl.col("method") == "rwr")

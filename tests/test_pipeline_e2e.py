@@ -19,6 +19,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data.catalog import query
 from spogw_dagster.pipeline.settings import load_config
@@ -117,7 +118,7 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
         assert sampled.height == d * m and scores.height == d * m
         assert sampled.group_by("query_id").len()["len"].to_list() == [m] * d
         report = store.read_parquet("benchmark_report", key)
-        assert report.schema == pl.Schema(tables.REPORT_SCHEMA) and report.height == 6 * len(tables.METRICS)
+        assert report.schema == pl.Schema(tables.REPORT_SCHEMA) and report.height == 6 * len(report_stats.METRICS)
         assert report["kind"].unique(maintain_order=True).to_list() == ["checkpoint", "previous", "baseline"]
         # policies greedy + k sampled, the io baseline greedy + baseline_samples; every metric for each
         rep = cfg.report
@@ -125,7 +126,7 @@ def test_parquet_files_and_duckdb_views_hold_the_expected_rows(loop):
         prev = "base" if it == 0 else "spogw@0000"
         assert systems == {(f"spogw@{key}", "greedy"), (f"spogw@{key}", "sampled"), (prev, "greedy"),
                            (prev, "sampled"), ("baseline:io", "greedy"), ("baseline:io", "sampled")}
-        assert report.group_by("system", "mode").len()["len"].to_list() == [len(tables.METRICS)] * 6
+        assert report.group_by("system", "mode").len()["len"].to_list() == [len(report_stats.METRICS)] * 6
         held = store.read_parquet("heldout_results", key)
         assert held.schema == pl.Schema(tables.HELDOUT_SCHEMA)
         assert held.height == 2 * h * (1 + rep.samples) + h * (1 + rep.baseline_samples)
@@ -192,7 +193,7 @@ def _expected_rows(store: AssetStore, key: str) -> dict[str, int]:
         "sharpened_groups": 2 * t * kept,  # 2 members per kept group
         "lora_checkpoint": 1,
         # every (system, mode) of {checkpoint, previous, io} x {greedy, sampled}: 6 x len(METRICS)
-        "benchmark_report": 6 * len(tables.METRICS),
+        "benchmark_report": 6 * len(report_stats.METRICS),
         # policies: 2 x h x (1 greedy + k sampled) = 12; baseline io: h x (1 + 1) = 4
         "heldout_results": 2 * h * (1 + CI["samples"]) + h * (1 + CI["baseline_samples"]),
     }

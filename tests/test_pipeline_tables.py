@@ -6,7 +6,9 @@ import polars as pl
 import pytest
 
 from spogw_dagster.evaluation import EvalResult
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.domain.rewards import Ladder, ladder_reward
 from spogw_dagster.contracts import Status, Usage
 
@@ -124,14 +126,14 @@ def test_training_examples_join_sampled_tokens_in_group_order():
         "sample_idx": [2, 0, 0, 1], "score": [0.0, 1.0, 1.0, 0.1], "role": ["bottom", "top", "top", "bottom"],
         "rank": [1, 0, 0, 1], "group_mean": [0.5] * 4, "group_std": [0.5] * 4, "advantage": [-1.0, 1.0, 1.0, -1.0],
     })
-    ex = tables.training_examples(sharp, sampled)
+    ex = training_inputs.training_examples(sharp, sampled)
     assert [(e.group_id, e.advantage) for e in ex] == [("3:Q/0#0", 1.0), ("3:Q/0#0", -1.0), ("3:Q/0#1", 1.0),
                                                        ("3:Q/0#1", -1.0)]
     assert ex[0].completion_token_ids == [10, 11, 2] and ex[0].old_logprobs == [-0.5, -0.25, -0.125]
     assert ex[0].prompt == "prompt 0" and ex[0].completion == VALID_BODY
-    assert tables.training_examples(sharp.head(0), sampled) == []
+    assert training_inputs.training_examples(sharp.head(0), sampled) == []
     with pytest.raises(ValueError, match="no sampled workflow"):
-        tables.training_examples(sharp.with_columns(pl.lit(9).alias("sample_idx")), sampled)
+        training_inputs.training_examples(sharp.with_columns(pl.lit(9).alias("sample_idx")), sampled)
 
 
 LADDER = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
@@ -179,7 +181,7 @@ def test_heldout_rows_valid_executes_reward_trivial():
 def test_report_long_format_intervals_and_paired_difference():
     from spogw_dagster.core import stats
 
-    rep = tables.summarize_heldout(_heldout(), iteration=1, config_hash="h", split_ids_sha256="ids", seed=0)
+    rep = report_stats.summarize_heldout(_heldout(), iteration=1, config_hash="h", split_ids_sha256="ids", seed=0)
     assert rep.schema == pl.Schema(tables.REPORT_SCHEMA)
 
     def get(system, metric, mode="sampled"):
@@ -209,33 +211,33 @@ def test_report_long_format_intervals_and_paired_difference():
     assert get("baseline:io", "executor_calls", "greedy")["value"] == 2.0
     assert rep["kind"].unique(maintain_order=True).to_list() == ["checkpoint", "previous", "baseline"]
     assert set(rep["config_hash"].to_list()) == {"h"} and set(rep["split_ids_sha256"].to_list()) == {"ids"}
-    text = tables.report_table_text(rep)
+    text = report_stats.report_table_text(rep)
     assert "0.750 [" in text and "+0.300 [+0.000, +0.450]" in text
-    assert "Δ vs previous" in tables.curve_table_text(rep)
-    assert tables.metric_row(rep, "checkpoint", "answer_score")["mode"] == "sampled"
+    assert "Δ vs previous" in report_stats.curve_table_text(rep)
+    assert report_stats.metric_row(rep, "checkpoint", "answer_score")["mode"] == "sampled"
 
 
 def test_previous_rows_are_reused_only_for_the_same_adapter_config_and_size():
     held = _heldout()
-    rep = tables.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
+    rep = report_stats.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
     rep = rep.with_columns(pl.when(pl.col("kind") == "checkpoint").then(pl.lit("sha1"))
                            .otherwise(pl.col("adapter_sha256")).alias("adapter_sha256"))
-    again = tables.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 4)
+    again = report_stats.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 4)
     assert again is not None and again.height == 4
     assert again["iteration"].unique().to_list() == [2] and again["kind"].unique().to_list() == ["previous"]
-    assert tables.reusable_previous(rep, held, "spogw@0001", "other", "h", 2, 4) is None
-    assert tables.reusable_previous(rep, held, "spogw@0001", "sha1", "changed", 2, 4) is None
-    assert tables.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 6) is None  # k changed
-    assert tables.reusable_previous(None, held, "spogw@0001", "sha1", "h", 2, 4) is None
+    assert report_stats.reusable_previous(rep, held, "spogw@0001", "other", "h", 2, 4) is None
+    assert report_stats.reusable_previous(rep, held, "spogw@0001", "sha1", "changed", 2, 4) is None
+    assert report_stats.reusable_previous(rep, held, "spogw@0001", "sha1", "h", 2, 6) is None  # k changed
+    assert report_stats.reusable_previous(None, held, "spogw@0001", "sha1", "h", 2, 4) is None
 
 
 def test_learning_curve_puts_the_base_model_first():
     held = _heldout()
-    r0 = tables.summarize_heldout(held.with_columns(
+    r0 = report_stats.summarize_heldout(held.with_columns(
         pl.col("system").replace({"spogw@0001": "spogw@0000", "spogw@0000": "base"})),
         iteration=0, config_hash="h", split_ids_sha256="ids")
-    r1 = tables.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
-    curve = tables.learning_curve(pl.concat([r0, r1]))
+    r1 = report_stats.summarize_heldout(held, iteration=1, config_hash="h", split_ids_sha256="ids")
+    curve = report_stats.learning_curve(pl.concat([r0, r1]))
     steps = curve.filter((pl.col("metric") == "valid_rate") & (pl.col("mode") == "sampled"))
     assert steps["step"].to_list() == [-1, 0, 1]
     assert steps["system"].to_list() == ["base", "spogw@0000", "spogw@0001"]
@@ -245,7 +247,7 @@ def test_learning_curve_puts_the_base_model_first():
 
 
 def test_score_distribution():
-    d = tables.score_distribution([0.0, 0.1, 0.5, 0.99, 1.0, None])
+    d = report_stats.score_distribution([0.0, 0.1, 0.5, 0.99, 1.0, None])
     assert list(d.values()) == [2, 0, 1, 0, 2]
     assert list(d)[-1] == "[0.8,1.0]"
 
@@ -262,7 +264,7 @@ def test_catalog_learning_curve_view_and_run_table(tmp_path):
     for key, it, h in (("0000", 0, h0), ("0001", 1, held)):
         store.write_parquet("heldout_results", key, h)
         store.write_parquet("benchmark_report", key,
-                            tables.summarize_heldout(h, iteration=it, config_hash="c", split_ids_sha256="s"))
+                            report_stats.summarize_heldout(h, iteration=it, config_hash="c", split_ids_sha256="s"))
     refresh_catalog(store)
     curve = query(store, "select step, system, value, ci_low, ci_high, diff_vs_prev from learning_curve "
                          "where metric = 'mean_reward' and mode = 'sampled' order by step")
@@ -292,7 +294,7 @@ def test_paired_comparison_by_hand():
     # -> diffs (0, 1). Every query's mean diff is 0.5, so every bootstrap resample gives 0.5: CI [0.5, 0.5].
     a = _paired_rows("A", [[1, 1], [0, 1]], [[0.5, 0.5], [0.1, 0.5]])
     b = _paired_rows("B", [[0, 1], [0, 0]], [[0.1, 0.5], [0.1, 0.1]])
-    rows = {r["metric"]: r for r in tables.paired_comparison(a, b, resamples=200)}
+    rows = {r["metric"]: r for r in report_stats.paired_comparison(a, b, resamples=200)}
     v = rows["valid_rate"]
     assert (v["a"], v["b"], v["diff"], v["diff_ci_low"], v["diff_ci_high"]) == (0.75, 0.25, 0.5, 0.5, 0.5)
     assert v["n_pairs"] == 4 and v["n_queries"] == 2
@@ -306,6 +308,6 @@ def test_paired_comparison_refuses_unpaired_seeds_and_unknown_systems():
     a = _paired_rows("A", [[1]], [[0.5]])
     b = _paired_rows("B", [[0]], [[0.1]], seed_shift=7)
     with pytest.raises(ValueError, match="different seeds"):
-        tables.paired_comparison(a, b)
+        report_stats.paired_comparison(a, b)
     with pytest.raises(ValueError, match="no held-out results for system 'C'.*A, B"):
-        tables.system_rows(pl.concat([a, b]), "C")
+        report_stats.system_rows(pl.concat([a, b]), "C")

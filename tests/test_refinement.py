@@ -61,7 +61,7 @@ def test_two_turns_on_the_real_model(tmp_path):
     are sampled from one prompt showing that state's workflow and feedback; every row is executed and scored;
     and no screened group and no Score-DPO pair holds completions of two prompts."""
     from spogw_dagster.core.hyperparams import ObjectiveConfig
-    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.data import training_inputs
     from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
     from spogw_dagster.pipeline.settings import load_config
     from spogw_dagster.pipeline.data.storage import AssetStore
@@ -122,9 +122,9 @@ def test_two_turns_on_the_real_model(tmp_path):
     assert any("@" not in g for g in screened["group_id"]) and any("@p" in g for g in screened["group_id"])
     for g in screened.iter_rows(named=True):
         assert len({prompt_of[(g["query_id"], i)] for i in g["members"]}) == 1, g
-    _, pairs = tables.score_dpo_training_data(sampled, scores, ObjectiveConfig(objective="score_dpo"), 0)
+    _, pairs = training_inputs.score_dpo_training_data(sampled, scores, ObjectiveConfig(objective="score_dpo"), 0)
     for (gid, q), grp in pairs.group_by("group_id", "query_id"):
         assert len({prompt_of[(q, i)] for i in grp["sample_idx"].to_list()}) == 1
     # the W4S reward of every scored row is one of the rule's values
-    rewards = tables.w4s_rewards(sampled, scores)
+    rewards = training_inputs.w4s_rewards(sampled, scores)
     assert set(rewards.values()) <= {1.0, 0.9, 0.5, 0.4, 0.0, -0.1} and len(rewards) == sampled.height

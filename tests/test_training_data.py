@@ -20,6 +20,7 @@ from spogw_dagster.core import curation as C
 from spogw_dagster.core.hyperparams import ObjectiveConfig
 from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import training_inputs
 from tiny_llama import save_tiny_llama, tiny_llama
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -59,7 +60,7 @@ def _pipeline_frames() -> tuple[pl.DataFrame, pl.DataFrame]:
                         "completion_token_ids": [100 + i, 200 + i], "logprobs": [-1.0, -2.0], "n_tokens": 2})
         scores.append({"iteration": 0, "query_id": q, "sample_idx": i, "status": st,
                        "score": 0.0 if s is None else s, "answer_score": 0.0 if s is None else s})
-    return tables._frame(sampled, tables.SAMPLED_SCHEMA), tables.execution_frame(scores)
+    return tables.typed_frame(sampled, tables.SAMPLED_SCHEMA), tables.execution_frame(scores)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -111,7 +112,7 @@ def test_pair_budget_and_empirical_frequencies():
 def test_score_dpo_training_data_is_explicit_pairs_over_the_full_candidate_set():
     sampled, scores = _pipeline_frames()
     ocfg = ObjectiveConfig(objective="score_dpo", dpo_num_pairs=40)
-    examples, rows = tables.score_dpo_training_data(sampled, scores, ocfg, iteration=0)
+    examples, rows = training_inputs.score_dpo_training_data(sampled, scores, ocfg, iteration=0)
     assert len(examples) == rows.height == 80  # the budget: 40 draws, two rows each
     assert rows["role"].to_list() == ["chosen", "rejected"] * 40
     assert rows["draw"].to_list() == [d for d in range(40) for _ in (0, 1)]
@@ -126,10 +127,10 @@ def test_score_dpo_training_data_is_explicit_pairs_over_the_full_candidate_set()
         if pair:
             assert r["probability"] == pytest.approx(PAIR_P[pair]) and r["weight"] == pytest.approx(PAIR_W[pair])
     # the same draw on a rerun, another one in the next iteration; None: as many draws as candidate pairs
-    assert tables.score_dpo_training_data(sampled, scores, ocfg, iteration=0)[1].equals(rows)
-    assert not tables.score_dpo_training_data(sampled, scores, ocfg, iteration=1)[1]["sample_idx"].equals(
+    assert training_inputs.score_dpo_training_data(sampled, scores, ocfg, iteration=0)[1].equals(rows)
+    assert not training_inputs.score_dpo_training_data(sampled, scores, ocfg, iteration=1)[1]["sample_idx"].equals(
         rows["sample_idx"])
-    assert tables.score_dpo_training_data(sampled, scores, ObjectiveConfig(objective="score_dpo"), 0)[1].height == 6
+    assert training_inputs.score_dpo_training_data(sampled, scores, ObjectiveConfig(objective="score_dpo"), 0)[1].height == 6
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def test_rwr_weights_by_hand():
 def test_rwr_training_data_uses_every_candidate_once():
     sampled, scores = _pipeline_frames()
     ocfg = ObjectiveConfig(objective="rwr", rwr_reward="score")  # the absolute ladder score as r
-    examples, rows = tables.rwr_training_data(sampled, scores, ocfg, iteration=0)
+    examples, rows = training_inputs.rwr_training_data(sampled, scores, ocfg, iteration=0)
     keys = rows.select("query_id", "sample_idx").rows()
     assert keys == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]  # each usable candidate once, no groups
     assert len(set(keys)) == len(keys) == len(examples) == 5
@@ -162,7 +163,7 @@ def test_rwr_default_is_the_w4s_reward():
     # one turn: no history, so best so far = previous = 0. Answers a: 1, 0.5, 0 -> 1, 1, 0 - 0.1;
     # b: 0.3, 0.3 -> 1, 1 (0.3 is not below 0.3). The executor error (a, 3) has no reward and trains not.
     sampled, scores = _pipeline_frames()
-    examples, rows = tables.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
+    examples, rows = training_inputs.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
     assert rows.select("query_id", "sample_idx").rows() == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
     assert rows["score"].to_list() == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
     assert [e.score for e in examples] == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
@@ -181,13 +182,13 @@ def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_
                               "sample_idx": [0, 2], "score": [1.0, 0.0], "role": ["top", "bottom"],
                               "rank": [0, 1], "group_mean": [0.5, 0.5], "group_std": [0.5, 0.5],
                               "advantage": [1.0, -1.0]})
-    ex, rows = tables.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
-    assert [e.canonical() for e in ex] == [e.canonical() for e in tables.training_examples(sharpened, sampled)]
+    ex, rows = training_inputs.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
+    assert [e.canonical() for e in ex] == [e.canonical() for e in training_inputs.training_examples(sharpened, sampled)]
     assert all(e.role is None for e in ex) and rows["advantage"].to_list() == [1.0, -1.0]
     store = AssetStore(tmp_path)
     write_training_rows(store, "0000", rows)
-    write_training_rows(store, "0001", tables.rwr_training_data(sampled, scores, ObjectiveConfig(), 1)[1])
-    write_training_rows(store, "0002", tables.score_dpo_training_data(
+    write_training_rows(store, "0001", training_inputs.rwr_training_data(sampled, scores, ObjectiveConfig(), 1)[1])
+    write_training_rows(store, "0002", training_inputs.score_dpo_training_data(
         sampled, scores, ObjectiveConfig(dpo_num_pairs=4), 2)[1])
     assert query(store, "select objective, count(*) from training_rows group by 1 order by 1") == [
         ("rwr", 5), ("score_dpo", 8), ("spogw", 2)]

@@ -1,6 +1,7 @@
 """Near copies of what the prompt shows, and distinct workflows per query (names and layout normalised)."""
 
 
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.workflow.copies import copied_from, distinct_count, normalized
 from spogw_dagster.workflow.template import FEW_SHOT, TEMPLATES, WORKFLOW_HEADER
@@ -40,7 +41,7 @@ def test_report_near_copy_rate_and_distinct_per_query_by_hand():
     rows = [_row("q0", 0, RENAMED_EXAMPLE_2, "example 2"), _row("q0", 1, RENAMED_EXAMPLE_2.replace("draft", "y"),
             "example 2"), _row("q0", 2, OTHER_INSTRUCTION, None), _row("q1", 0, TEMPLATES["code"], "template"),
             {**_row("q1", 1, "", None), "parse_status": "invalid", "valid": False, "status": "invalid"}]
-    rep = tables.summarize_heldout(tables.heldout_frame(rows), iteration=0, config_hash="h", split_ids_sha256="s",
+    rep = report_stats.summarize_heldout(tables.heldout_frame(rows), iteration=0, config_hash="h", split_ids_sha256="s",
                                    resamples=50)
     m = {r["metric"]: r for r in rep.iter_rows(named=True)}
     assert m["near_copy_rate"]["value"] == 3 / 5

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sandboxing import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
+from ..sandboxing.process import loop_slots
 from ..contracts import Status, clean_json
 
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
@@ -134,11 +134,7 @@ _SLOTS: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
 def _slots() -> asyncio.Semaphore:
     """Bound the verdicts in flight per event loop (each holds two sandboxed processes)."""
-    loop = asyncio.get_running_loop()
-    if loop not in _SLOTS:
-        _SLOTS.clear()  # old loops are gone
-        _SLOTS[loop] = asyncio.Semaphore(max(2, os.cpu_count() or 2))
-    return _SLOTS[loop]
+    return loop_slots(_SLOTS)
 
 
 class _Side:

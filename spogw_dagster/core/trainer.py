@@ -417,7 +417,7 @@ def _check_pairs(items: Sequence[_Item]) -> None:
             raise ValueError(
                 f"example {it.idx}: score_dpo trains on explicit (chosen, rejected) pairs; every example needs "
                 f"role 'chosen' or 'rejected' and a group_id shared with its pair (got role={it.role!r}, "
-                f"group_id={it.group!r}); fix: build them with pipeline.data.tables.score_dpo_training_data "
+                f"group_id={it.group!r}); fix: build them with pipeline.data.training_inputs.score_dpo_training_data "
                 "(ScoreFlow's pairs from core.curation.sample_preference_pairs)"
             )
         if it.role in pairs.setdefault(it.group, {}):

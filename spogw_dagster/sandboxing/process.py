@@ -169,13 +169,18 @@ _BOOT = ("import sys; sys.stderr.write(%r + '\\n'); sys.stderr.flush(); "
 _CODE_SLOTS: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
 
-def _code_slots() -> asyncio.Semaphore:
-    """Bound the code runs in flight per event loop: each may take its whole memory budget."""
+def loop_slots(table: dict[asyncio.AbstractEventLoop, asyncio.Semaphore]) -> asyncio.Semaphore:
+    """The running event loop's semaphore in `table` (one per CPU, at least 2), made on first use: sandboxed
+    runs in flight are bounded per loop because each may take its whole memory budget."""
     loop = asyncio.get_running_loop()
-    if loop not in _CODE_SLOTS:
-        _CODE_SLOTS.clear()  # old loops are gone
-        _CODE_SLOTS[loop] = asyncio.Semaphore(max(2, os.cpu_count() or 2))
-    return _CODE_SLOTS[loop]
+    if loop not in table:
+        table.clear()  # old loops are gone
+        table[loop] = asyncio.Semaphore(max(2, os.cpu_count() or 2))
+    return table[loop]
+
+
+def _code_slots() -> asyncio.Semaphore:
+    return loop_slots(_CODE_SLOTS)
 
 
 async def run_code(program: str, iso: Isolation, limits: Limits | None = None) -> CodeRunResult:

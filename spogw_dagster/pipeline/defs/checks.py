@@ -150,19 +150,19 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: Pip
      description="The report compares checkpoint k with π_{k-1} on the same queries and seeds, and its answer score "
                  "did not fall by more than report.max_regression (paired difference, sampled mode when present).")
 def compared_with_previous(benchmark_report: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.data import report_stats
 
     tol = pipeline.config().report.max_regression
     kinds = set(benchmark_report["kind"].to_list()) if "kind" in benchmark_report.columns else set()
-    ans = tables.metric_row(benchmark_report, "checkpoint", "answer_score") if "metric" in benchmark_report.columns \
+    ans = report_stats.metric_row(benchmark_report, "checkpoint", "answer_score") if "metric" in benchmark_report.columns \
         else None
     if ans is None or "previous" not in kinds or ans["diff_vs_prev"] is None:
         return dg.AssetCheckResult(passed=False, description="the report lacks its checkpoint or previous rows, "
                                    "or their paired difference", metadata={"kinds": sorted(kinds)})
-    prev = tables.metric_row(benchmark_report, "previous", "answer_score", ans["mode"])
+    prev = report_stats.metric_row(benchmark_report, "previous", "answer_score", ans["mode"])
     diffs = {}
-    for metric in tables.CURVE_METRICS:
-        r = tables.metric_row(benchmark_report, "checkpoint", metric, ans["mode"])
+    for metric in report_stats.CURVE_METRICS:
+        r = report_stats.metric_row(benchmark_report, "checkpoint", metric, ans["mode"])
         if r is not None and r["diff_vs_prev"] is not None:
             diffs[metric] = [round(r["diff_vs_prev"], 4), round(r["diff_ci_low"], 4), round(r["diff_ci_high"], 4)]
     baselines = benchmark_report.filter((pl.col("kind") == "baseline") & (pl.col("metric") == "answer_score"))

@@ -75,7 +75,7 @@ def learning_curve_plot(curve, title: str = "held-out metrics per iteration (95%
     iteration (step -1 = the base model) in the sampled and greedy modes, with 95% intervals; static
     baselines (`baselines[metric][name]`) as dotted horizontal lines.
 
-    `curve` is `tables.learning_curve(...)` (columns step, mode, metric, value, ci_low, ci_high)."""
+    `curve` is `report_stats.learning_curve(...)` (columns step, mode, metric, value, ci_low, ci_high)."""
     fig, axes = _figure(8, 5.2)
     fig.clf()
     axes = fig.subplots(2, 2, sharex=True)

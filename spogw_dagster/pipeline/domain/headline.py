@@ -17,10 +17,10 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 
-from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.storage import AssetStore
 
-METRIC = tables.HEADLINE_METRIC
+METRIC = report_stats.HEADLINE_METRIC
 
 
 def heldout_rows(store: AssetStore) -> pl.DataFrame | None:
@@ -47,14 +47,14 @@ def headline(store: AssetStore, resamples: int = 2000, seed: int = 0) -> list[di
     this = _last_checkpoint(heldout)
     if this is None or heldout.filter(pl.col("system") == "base").height == 0:
         return []
-    mine = tables.system_rows(heldout, this)
+    mine = report_stats.system_rows(heldout, this)
     out = []
-    for r in tables.paired_comparison(mine, tables.system_rows(heldout, "base"), resamples=resamples, seed=seed):
+    for r in report_stats.paired_comparison(mine, report_stats.system_rows(heldout, "base"), resamples=resamples, seed=seed):
         if r["metric"] == METRIC:
             out.append({"system": this, "against": "base", **r})
     best = best_baseline(heldout)
     if best is not None:
-        for r in tables.paired_comparison(mine.filter(pl.col("mode") == "greedy"), tables.system_rows(heldout, best),
+        for r in report_stats.paired_comparison(mine.filter(pl.col("mode") == "greedy"), report_stats.system_rows(heldout, best),
                                           resamples=resamples, seed=seed, generator_seeds=False):
             if r["metric"] == METRIC:
                 out.append({"system": this, "against": best, **r})

@@ -211,7 +211,7 @@ def compare_command(args: argparse.Namespace) -> int:
 
     import polars as pl
 
-    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.settings import ConfigValidationError
     from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir
 
@@ -225,7 +225,7 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.split:
         heldout = heldout.filter(pl.col("split") == args.split)
     try:
-        rows = tables.paired_comparison(tables.system_rows(heldout, args.a), tables.system_rows(heldout, args.b),
+        rows = report_stats.paired_comparison(report_stats.system_rows(heldout, args.a), report_stats.system_rows(heldout, args.b),
                                         resamples=args.resamples)
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
@@ -295,7 +295,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     from spogw_dagster.benchmarks.queries import split_problems
 
     from spogw_dagster.pipeline.domain import heldout as ho
-    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.defs.resources import PipelineResource
     from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
     from spogw_dagster.pipeline.data.storage import default_assets_dir, write_parquet_atomic
@@ -333,7 +333,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
           f"modes {[(m, n, t) for m, n, t in ho.modes(cfg)]}", file=sys.stderr, flush=True)
     scored = ho.score(pipeline, policies, problems, cfg, iteration=0, split=args.split,
                       say=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
-    rep = tables.summarize_heldout(scored.heldout, iteration=0, config_hash=cfg.hash,
+    rep = report_stats.summarize_heldout(scored.heldout, iteration=0, config_hash=cfg.hash,
                                    split_ids_sha256=info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
                                    seed=cfg.report.seed)
     if args.out:
@@ -341,7 +341,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.json:
         print(_json.dumps({"split": info, "report": rep.to_dicts()}, default=str))
     else:
-        print(tables.report_table_text(rep))
+        print(report_stats.report_table_text(rep))
     return 0
 
 

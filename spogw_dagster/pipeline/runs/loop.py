@@ -340,7 +340,7 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     import polars as pl
 
     from spogw_dagster.pipeline.defs.partitions import iteration_key
-    from spogw_dagster.pipeline.data.tables import curve_table_text
+    from spogw_dagster.pipeline.data.report_stats import curve_table_text
 
     rows = []
     for k in range(iterations):

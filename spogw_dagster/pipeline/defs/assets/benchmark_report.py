@@ -11,7 +11,7 @@ import polars as pl
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
-from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
@@ -44,7 +44,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
                       say=lambda m: say(context, m))
     scored.fail_on_outage(cfg, asset=NAME, partition_key=key, cache_path=pipeline.cache_path())
     side = heldout_results.write(store, key, scored.heldout)
-    report = tables.summarize_heldout(scored.heldout, iteration=k, config_hash=cfg.hash,
+    report = report_stats.summarize_heldout(scored.heldout, iteration=k, config_hash=cfg.hash,
                                       split_ids_sha256=split_info["ids_sha256"],
                                       resamples=cfg.report.bootstrap_resamples, seed=cfg.report.seed)
     context.add_output_metadata({
@@ -94,14 +94,14 @@ def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *
         return this, ho.Policy("base", "previous"), None
     prev = ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256)
     stored = heldout_results.read_reusable(store, parent.partition)
-    reused = None if stored is None else tables.reusable_previous(*stored, prev.system, parent.sha256, cfg.hash, k,
+    reused = None if stored is None else report_stats.reusable_previous(*stored, prev.system, parent.sha256, cfg.hash, k,
                                                                   per_policy)
     return this, prev, reused
 
 
 def _headline(report: pl.DataFrame, system: str, prev_system: str) -> str:
-    ans = tables.metric_row(report, "checkpoint", "answer_score")
-    val = tables.metric_row(report, "checkpoint", "valid_rate")
+    ans = report_stats.metric_row(report, "checkpoint", "answer_score")
+    val = report_stats.metric_row(report, "checkpoint", "valid_rate")
     line = f"{system} ({val['mode']}): valid {val['value']:.3f}, answer {ans['value']:.3f}"
     if ans["diff_vs_prev"] is not None:
         line += (f", Δ answer vs {prev_system} {ans['diff_vs_prev']:+.3f} [{ans['diff_ci_low']:+.3f}, "

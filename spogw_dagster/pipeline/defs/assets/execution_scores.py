@@ -14,6 +14,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.pipeline.defs import outage
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import EvalJob, PipelineResource, evaluate_jobs
@@ -89,7 +90,7 @@ def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, A
         "status": md_table(statuses, ("status", "workflows")),
         "mean_score": dg.MetadataValue.float(round(float(df["score"].mean() or 0.0), 4)),
         "mean_answer_score": dg.MetadataValue.float(round(float(df["answer_score"].mean() or 0.0), 4)),
-        "score_distribution": dg.MetadataValue.json(tables.score_distribution(df["score"].to_list())),
+        "score_distribution": dg.MetadataValue.json(report_stats.score_distribution(df["score"].to_list())),
         "score_histogram": dg.MetadataValue.md(score_histogram(by_status, f"iteration {k}: rewards by status")),
         "executor_calls": dg.MetadataValue.int(int(df["llm_calls"].sum())),
         "executor_new_calls": dg.MetadataValue.int(counters["new_calls"]),

@@ -1,7 +1,7 @@
 """lora_checkpoint(k): the LoRA adapter of iteration k, trained with the configured objective (ioGRPO + mKL by
 default) on the sharpened groups, continuing from lora_checkpoint(k-1). The baselines read the full scored
 candidate set instead (sampled_workflows joined with execution_scores), as their papers do: score_dpo
-ScoreFlow's pairs, rwr W4S's every-candidate-once (`tables.training_data`). With no training data the parent
+ScoreFlow's pairs, rwr W4S's every-candidate-once (`training_inputs.training_data`). With no training data the parent
 policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from.
 
 Side table `training_rows` (one Parquet per iteration partition, a DuckDB view like heldout_results): the
@@ -15,6 +15,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
@@ -39,7 +40,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharp
     parent = parent_or_fail(store, key)
     check_provenance(key, parent, sampled_workflows)
     tcfg = cfg.train_config()
-    examples, used = tables.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
+    examples, used = training_inputs.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
                                           tcfg.objective_config(), key_to_int(key))
     out = store.adapter_dir(key)
     stats, reused = _train_or_carry(context, cfg, examples, out, parent)
@@ -128,7 +129,7 @@ def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examp
         "trained": n_examples > 0, "reused": reused, "n_examples": n_examples,
         "optimizer_steps": int(summary.get("optimizer_steps") or 0),
         "first_loss": summary.get("first_loss"), "last_loss": summary.get("last_loss"),
-        "loss_curve": tables.step_curve(steps, "loss"), "kl_curve": tables.step_curve(steps, "kl"),
+        "loss_curve": training_inputs.step_curve(steps, "loss"), "kl_curve": training_inputs.step_curve(steps, "kl"),
         "train_seconds": summary.get("train_seconds"), "run_hash": stats.get("run_hash"), "objective": objective,
     }
 

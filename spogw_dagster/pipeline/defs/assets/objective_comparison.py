@@ -26,7 +26,9 @@ from spogw_dagster.core.methods import method_overrides, own_data
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
@@ -129,7 +131,7 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
         cc = mcfg.curation_config()
         sharpened = curation.sharpen(curation.screen(tables.curation_input(sampled, scores), cc).groups, cc).members
     tcfg = mcfg.train_config()
-    return tables.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
+    return training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
@@ -229,7 +231,7 @@ def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[Met
     for r in runs:
         rows = None
         if r.reused and store.exists("heldout_results", key):
-            rows = tables.reusable_previous(report, store.read_parquet("heldout_results", key), f"spogw@{key}",
+            rows = report_stats.reusable_previous(report, store.read_parquet("heldout_results", key), f"spogw@{key}",
                                             r.adapter_sha256, cfg.hash, k, per_policy)
         if rows is not None:
             reused.append(rows.with_columns(pl.lit(r.method).alias("system"), pl.lit("method").alias("kind")))
@@ -248,7 +250,7 @@ def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference:
     system's diff is its paired difference to the reference), with what each method trained on."""
     labelled = heldout.with_columns(
         pl.when(pl.col("system") == reference).then(pl.lit("previous")).otherwise(pl.col("kind")).alias("kind"))
-    rep = tables.summarize_heldout(labelled, iteration=iteration, config_hash=config_hash,
+    rep = report_stats.summarize_heldout(labelled, iteration=iteration, config_hash=config_hash,
                                    split_ids_sha256=split_ids_sha256, resamples=resamples, seed=seed)
     rep = rep.with_columns(
         pl.when(pl.col("system") == reference).then(pl.lit("method")).otherwise(pl.col("kind")).alias("kind"),
@@ -283,7 +285,7 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
     from spogw_dagster.core import stats
 
     scored = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
-    cols = {**tables.RATE_METRICS, **tables.MEAN_METRICS}
+    cols = {**report_stats.RATE_METRICS, **report_stats.MEAN_METRICS}
     rows = table.with_row_index("_i")
     family = rows.filter(pl.col("diff_vs_reference").is_not_null() & pl.col("metric").is_in(list(cols))
                          & (pl.col("kind") == "method"))
@@ -291,7 +293,7 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
     for r in family.iter_rows(named=True):
         mine = scored.filter((pl.col("system") == r["method"]) & (pl.col("mode") == r["mode"]))
         ref = scored.filter((pl.col("system") == reference) & (pl.col("mode") == r["mode"]))
-        a, b = tables._paired(mine, ref, cols[r["metric"]])
+        a, b = report_stats.paired_per_query(mine, ref, cols[r["metric"]])
         if not all(v is not None and math.isfinite(v) for x in (*a, *b) for v in x):
             continue  # a metric some rows lack (older partitions): no difference, not in the family
         members.append(r)

@@ -8,7 +8,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.storage import AssetStore
 
 HEADLINE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate")
@@ -17,7 +17,7 @@ HEADLINE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score"
 def report_metadata(store: AssetStore, key: str, report: pl.DataFrame, split_info: dict[str, Any], prev_system: str,
                     prev_reused: bool) -> dict[str, Any]:
     return {
-        "report": dg.MetadataValue.md(tables.report_table_text(report)),
+        "report": dg.MetadataValue.md(report_stats.report_table_text(report)),
         "split": dg.MetadataValue.json(split_info),
         "split_ids_sha256": dg.MetadataValue.text(split_info["ids_sha256"]),
         "previous_system": dg.MetadataValue.text(prev_system),
@@ -32,7 +32,7 @@ def headline_metadata(report: pl.DataFrame) -> dict[str, Any]:
     """Each headline metric of the checkpoint, its 95% interval and its paired difference to π_{k-1}."""
     md: dict[str, Any] = {}
     for metric in HEADLINE_METRICS:
-        r = tables.metric_row(report, "checkpoint", metric)
+        r = report_stats.metric_row(report, "checkpoint", metric)
         if r is None:
             continue
         md[metric] = dg.MetadataValue.float(round(r["value"], 4))
@@ -56,6 +56,6 @@ def learning_curve_metadata(store: AssetStore, key: str, report: pl.DataFrame, s
     for r in base.iter_rows(named=True):
         lines.setdefault(r["metric"], {})[r["system"]] = r["value"]
     return {
-        "learning_curve": dg.MetadataValue.md(learning_curve_plot(tables.learning_curve(allrep), baselines=lines)),
+        "learning_curve": dg.MetadataValue.md(learning_curve_plot(report_stats.learning_curve(allrep), baselines=lines)),
         "iterations_in_curve": dg.MetadataValue.int(allrep["iteration"].n_unique()),
     }

@@ -1,0 +1,167 @@
+"""What each objective trains on, from the iteration's tables (no Dagster, no model): the sharpened groups'
+examples for spogw and grpo, ScoreFlow's pairs for score_dpo, W4S's weighted candidates for rwr, and the rows
+each used (the training_rows table, whose schema is in tables.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import polars as pl
+
+from spogw_dagster.contracts import Status
+from spogw_dagster.core import registry
+from spogw_dagster.pipeline.data.tables import (
+    TRAINING_ROWS_SCHEMA,
+    curation_input,
+    typed_frame,
+)
+from spogw_dagster.seeds import offset_seed
+
+# ------------------------------------------------------------------------------------------------
+# lora_checkpoint: training examples from sharpened groups
+
+
+def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
+    """One `TrainExample` per sharpened member: the prompt, the sampled tokens and log-probs (π_old) and the
+    group-normalised advantage. Ordered by (group_id, rank) so the dataset (and its hash) is deterministic.
+
+    A member that occurs in several groups yields one example per group (the paper weights workflows that
+    are extreme in many groups more). A member with no sampled row is an error."""
+    from spogw_dagster.core.trainer import TrainExample
+
+    if sharpened.height == 0:
+        return []
+    key = ["iteration", "query_id", "sample_idx"]
+    cols = key + ["prompt", "completion", "completion_token_ids", "logprobs"]
+    j = sharpened.join(sampled.select(cols), on=key, how="left").sort(["group_id", "rank"])
+    missing = j.filter(pl.col("prompt").is_null())
+    if missing.height:
+        r = missing.row(0, named=True)
+        raise ValueError(f"sharpened member {r['query_id']!r}/{r['sample_idx']} has no sampled workflow")
+    out = []
+    for r in j.iter_rows(named=True):
+        out.append(TrainExample(
+            prompt=r["prompt"], completion=r["completion"], advantage=float(r["advantage"]),
+            score=float(r["score"]), old_logprobs=list(r["logprobs"]),
+            completion_token_ids=list(r["completion_token_ids"]), group_id=r["group_id"],
+        ))
+    return out
+
+_SAMPLED_TRAIN_COLS = ["prompt", "completion", "completion_token_ids", "logprobs"]
+_KEY = ["iteration", "query_id", "sample_idx"]
+
+
+def pair_seed(seed: int, iteration: int) -> int:
+    """The seed of iteration k's pair draw (another draw each iteration, the same on a rerun)."""
+    return offset_seed(seed, iteration)
+
+
+def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
+                  ocfg, iteration: int) -> tuple[list, pl.DataFrame]:
+    """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
+    data = registry.get(objective).data  # what the objective trains on (core.registry)
+    if data == "pairs":
+        return score_dpo_training_data(sampled, scores, ocfg, iteration, objective=objective)
+    if data == "candidates":
+        return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
+    return sharpened_training_data(sharpened, sampled, objective, iteration)
+
+
+def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, objective: str,
+                            iteration: int) -> tuple[list, pl.DataFrame]:
+    """The GRPO family's data: `training_examples` (one example per sharpened member and group) and its rows."""
+    examples = training_examples(sharpened, sampled)
+    rows = sharpened.sort(["group_id", "rank"]) if sharpened.height else sharpened
+    out = [{"iteration": iteration, "objective": objective, "example_idx": i, "query_id": r["query_id"],
+            "sample_idx": r["sample_idx"], "role": r["role"], "group_id": r["group_id"],
+            "advantage": float(r["advantage"]), "score": float(r["score"])}
+           for i, r in enumerate(rows.iter_rows(named=True))]
+    return examples, typed_frame(out, TRAINING_ROWS_SCHEMA)
+
+
+def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
+    """The iteration's full scored candidate set with what training needs: `core.curation.scored_candidates`
+    of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
+    sampled prompt, completion, tokens and log-probs. A row whose completion has no tokens is left out (there
+    is nothing to train on; the trainer refuses empty completions)."""
+    from spogw_dagster.core.curation import scored_candidates as core_candidates
+
+    usable, _ = core_candidates(curation_input(sampled, scores))
+    j = usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
+    return j.filter(pl.col("completion_token_ids").list.len() > 0).sort(_KEY)
+
+
+def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advantage: float = 0.0):
+    from spogw_dagster.core.trainer import TrainExample
+
+    return TrainExample(prompt=r["prompt"], completion=r["completion"], advantage=advantage,
+                        score=float(r["score"]), old_logprobs=list(r["logprobs"]),
+                        completion_token_ids=list(r["completion_token_ids"]), group_id=group_id, role=role)
+
+
+def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
+                            objective: str = "score_dpo") -> tuple[list, pl.DataFrame]:
+    """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
+    candidate pairs of all queries, ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
+    examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
+    micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
+    from spogw_dagster.core.curation import sample_preference_pairs
+
+    cands = training_candidates(sampled, scores)
+    pairs = sample_preference_pairs(cands, ocfg.dpo_num_pairs, power=ocfg.dpo_pair_power,
+                                    seed=pair_seed(ocfg.seed, iteration))
+    by_key = {(r["query_id"], r["sample_idx"]): r for r in cands.iter_rows(named=True)}
+    examples, rows = [], []
+    for p in pairs.iter_rows(named=True):
+        gid = f"pair:{p['draw']}"
+        for role, idx in (("chosen", p["chosen_idx"]), ("rejected", p["rejected_idx"])):
+            r = by_key[(p["query_id"], idx)]
+            rows.append({"iteration": iteration, "objective": objective, "example_idx": len(examples),
+                         "query_id": p["query_id"], "sample_idx": idx, "role": role, "group_id": gid,
+                         "draw": p["draw"], "weight": p["weight"], "probability": p["probability"],
+                         "score": float(r["score"])})
+            examples.append(_example(r, group_id=gid, role=role))
+    return examples, typed_frame(rows, TRAINING_ROWS_SCHEMA)
+
+
+def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
+                      objective: str = "rwr") -> tuple[list, pl.DataFrame]:
+    """W4S's data: every scored candidate once (all turns and repairs), in key order, with reward r and weight
+    exp(r / `rwr_temperature`) (the loss computes the same weight from r). r is `w4s_rewards` (W4S's
+    history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
+    import math
+
+    cands = training_candidates(sampled, scores)
+    if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
+        reward = w4s_rewards(sampled, scores)
+        r_of = [reward[(r["query_id"], r["sample_idx"])] for r in cands.iter_rows(named=True)]
+    else:
+        r_of = [float(v) for v in cands["score"].to_list()]
+    examples, rows = [], []
+    for r, rew in zip(cands.iter_rows(named=True), r_of):
+        w = math.exp(rew / ocfg.rwr_temperature)
+        rows.append({"iteration": iteration, "objective": objective, "example_idx": len(examples),
+                     "query_id": r["query_id"], "sample_idx": r["sample_idx"], "role": "candidate",
+                     "weight": w, "score": rew})
+        examples.append(_example({**r, "score": rew}, group_id=r["query_id"]))
+    return examples, typed_frame(rows, TRAINING_ROWS_SCHEMA)
+
+
+def w4s_rewards(sampled: pl.DataFrame, scores: pl.DataFrame) -> dict[tuple[str, int], float]:
+    """(query_id, sample_idx) → W4S's reward (`core.w4s.history_rewards`) of every scored row: its answer score
+    against the best answer of earlier turns of its query and against the state it was sampled from
+    (`parent_sample_idx`). Executor errors have no accuracy: no reward, and left out of the history."""
+    from spogw_dagster.core.w4s import Candidate, history_rewards
+
+    cols = [c for c in ("turn", "parent_sample_idx") if c in sampled.columns]
+    j = sampled.select(_KEY + cols).join(scores.select(_KEY + ["answer_score", "status"]), on=_KEY, how="left")
+    cands = []
+    for r in j.iter_rows(named=True):
+        unscored = r["status"] is None or r["status"] == Status.EXECUTOR_ERROR.value
+        cands.append(Candidate(r["query_id"], int(r.get("turn") or 0), int(r["sample_idx"]), r.get("parent_sample_idx"),
+                               None if unscored else float(r["answer_score"] or 0.0)))
+    return {(x.candidate.query_id, x.candidate.sample_idx): x.reward for x in history_rewards(cands)}
+
+
+def step_curve(steps: Sequence[dict[str, Any]], key: str) -> list[float]:
+    return [float(s[key]) for s in steps if s.get(key) is not None]
