@@ -79,7 +79,14 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
         mframes, mrows_sha = frames, rows_sha
         if own_data(name):  # ScoreFlow: its own sampling and scoring settings, same parent and seeds
             mcfg = method_config(cfg, name)
-            s, sc = _own_data(context, pipeline, mcfg, parent, k, name)
+            folder, fingerprint = own_data_dir(store, key, name), own_data_fingerprint(mcfg, parent, k)
+            stored = stored_own_data(folder, fingerprint)
+            if stored is not None:
+                say(context, f"{name}: its own sampled and scored candidates from {folder} (same config and parent)")
+                s, sc = stored
+            else:
+                s, sc = _own_data(context, pipeline, mcfg, parent, k, name)
+                store_own_data(folder, fingerprint, s, sc)  # a rerun (after a crash in training) starts here
             own.append(sc.with_columns(pl.lit(name).alias("method")))
             mframes, mrows_sha = (s, sc, sharpened_groups), candidate_rows_sha256(s, sc)
         run = _train(context, cfg, name, mframes, store, key, parent, lora_checkpoint.row(0, named=True))
@@ -206,6 +213,51 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     outage.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,
                           partition_key=f"{k:04d}", cache_path=mpipe.cache_path())
     return sampled, scores
+
+
+def own_data_dir(store: AssetStore, key: str, name: str) -> Path:
+    """Where method `name` keeps its own sampled and scored candidates of partition `key` (beside its adapter):
+    sampling and scoring them takes hours on CPU for W4S's turns, and must not be redone when training or
+    held-out scoring fails after."""
+    return store.root / "comparison" / key / f"{name}.candidates"
+
+
+def own_data_fingerprint(mcfg: SpogwConfig, parent, k: int) -> str:
+    """What the candidates depend on: the method's whole config (generator, executor, seeds, queries, turns),
+    the parent adapter and the iteration."""
+    return json.dumps({"config_hash": mcfg.hash, "parent_sha256": parent.sha256 if parent else None,
+                       "iteration": k}, sort_keys=True)
+
+
+def stored_own_data(folder: Path, fingerprint: str) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The stored (sampled, scores) when they were made with this fingerprint, else None (missing, another
+    config or parent, or unreadable: they are made again)."""
+    try:
+        if (folder / "fingerprint.json").read_text() != fingerprint:
+            return None
+        return pl.read_parquet(folder / "sampled.parquet"), pl.read_parquet(folder / "scores.parquet")
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
+def store_own_data(folder: Path, fingerprint: str, sampled: pl.DataFrame, scores: pl.DataFrame) -> None:
+    """Written whole or not at all: built in a temp folder, then swapped in."""
+    import uuid
+
+    from spogw_dagster.fsutil import replace_dir
+
+    tmp = folder.parent / f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        sampled.write_parquet(tmp / "sampled.parquet")
+        scores.write_parquet(tmp / "scores.parquet")
+        (tmp / "fingerprint.json").write_text(fingerprint)
+        replace_dir(tmp, folder)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
