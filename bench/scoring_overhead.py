@@ -4,7 +4,7 @@ Both score the canonical solution of the same problems in the same sandbox, inte
 so that machine noise hits both alike:
 
   old  `code_tests.score_code_single_process` (LEGACY, forgeable): solution + tests + pass token as one
-       program, one sandboxed process (`isolation.run_code`);
+       program, one sandboxed process (`sandboxing.run_code`);
   new  `code_tests.score_code`: the solution's process and the test process, started together, every call
        of the tests relayed through the parent (`benchmarks/verdict.py`).
 

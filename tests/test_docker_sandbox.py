@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spogw_dagster.sandboxing import backend_docker as docker_sandbox
+from spogw_dagster.sandboxing import backend_docker
 from spogw_dagster.sandboxing import engine, images, seccomp
 from spogw_dagster.sandboxing import Limits, detect_isolation, run_code
 from spogw_dagster.sandboxing.backend_docker import IMAGE as DOCKER_IMAGE
@@ -33,7 +33,7 @@ OUR_CONTAINERS = f"spogw-{os.getpid()}-"  # spawn names each container spogw-<pa
 def wait_for_no_containers(prefix: str = OUR_CONTAINERS, timeout: float = 15.0) -> list[str]:
     """The engine removes a --rm container asynchronously after it dies; give it a moment."""
     deadline = time.monotonic() + timeout
-    while (left := docker_sandbox.leftover_containers(prefix)) and time.monotonic() < deadline:
+    while (left := backend_docker.leftover_containers(prefix)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -51,7 +51,7 @@ def no_container_outlives_a_test(request):
 
 
 def test_profile_is_the_seccomp_policy_in_dockers_format():
-    profile = docker_sandbox.seccomp_profile()
+    profile = backend_docker.seccomp_profile()
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
     assert len(profile["architectures"]) == 1  # native only: another ABI's syscalls hit the bad-arch action
     by_errno: dict[int, set[str]] = {}
@@ -62,12 +62,12 @@ def test_profile_is_the_seccomp_policy_in_dockers_format():
     assert by_errno[38] == set(seccomp.ENOSYS_SYSCALLS) == {"clone3"}
     clone_bits = {rule["args"][0]["value"] for rule in profile["syscalls"] if rule["names"] == ["clone"]}
     assert clone_bits == set(seccomp.CLONE_NAMESPACE_FLAGS.values())
-    path = docker_sandbox.seccomp_profile_path()
-    assert json.loads(path.read_text()) == profile and docker_sandbox.seccomp_profile_path() == path
+    path = backend_docker.seccomp_profile_path()
+    assert json.loads(path.read_text()) == profile and backend_docker.seccomp_profile_path() == path
 
 
 def test_image_is_built_without_a_registry_and_stays_an_empty_skeleton(docker_engine):
-    assert docker_sandbox.IMAGE == DOCKER_IMAGE
+    assert backend_docker.IMAGE == DOCKER_IMAGE
     assert images.build_image(images.SANDBOX_IMAGE, log=lambda m: None) == f"{DOCKER_IMAGE} is up to date"  # idempotent
     size = engine.docker("image", "inspect", "--format", "{{.Size}}", DOCKER_IMAGE)
     # vfs copies the image into every container: a Debian+Python image (252 MB) cost 1.3-4.4 s per start
@@ -128,7 +128,7 @@ async def test_a_timeout_kills_the_named_container(iso):
     task = asyncio.create_task(run_code("import time\ntime.sleep(3600)", iso, LIMITS.with_(wall_s=4)))
     seen: list[str] = []
     while not task.done() and not seen:
-        seen = await asyncio.to_thread(docker_sandbox.leftover_containers, OUR_CONTAINERS)
+        seen = await asyncio.to_thread(backend_docker.leftover_containers, OUR_CONTAINERS)
         await asyncio.sleep(0.2)
     res = await task
     assert res.status == Status.TIMEOUT and res.wall_s < 15, (res.status, res.wall_s)
@@ -189,13 +189,13 @@ def test_a_container_whose_parent_was_killed_is_swept(docker_engine):
     parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, name])
     try:
         deadline = time.monotonic() + 30
-        while name not in docker_sandbox.leftover_containers(name) and time.monotonic() < deadline:
+        while name not in backend_docker.leftover_containers(name) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert docker_sandbox.leftover_containers(name) == [name], "the container never started"
+        assert backend_docker.leftover_containers(name) == [name], "the container never started"
     finally:
         parent.kill()
         parent.wait()
     time.sleep(1)
-    assert docker_sandbox.leftover_containers(name) == [name]  # the container outlives its killed parent
-    assert name in docker_sandbox.sweep_orphans()
+    assert backend_docker.leftover_containers(name) == [name]  # the container outlives its killed parent
+    assert name in backend_docker.sweep_orphans()
     assert wait_for_no_containers(name) == []

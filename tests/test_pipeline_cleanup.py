@@ -47,3 +47,15 @@ def test_gc_removes_only_unreferenced_adapters(tmp_path, capsys):
         assert (kept / "adapter_model.safetensors").is_file()
     assert not list((tmp_path / "execution_scores").iterdir())
     assert find_garbage(store).paths == []
+
+
+def test_gc_keeps_a_listed_methods_own_candidates(tmp_path):
+    """`<method>.candidates` (a method's own sampled and scored candidates, kept beside its adapter for a rerun)
+    belongs to its method: kept while the method is listed, garbage with it otherwise."""
+    store = AssetStore(tmp_path)
+    store.write_parquet("objective_comparison", "0001", pl.DataFrame(
+        {"iteration": [1], "method": ["score_dpo"], "kind": ["method"]}))
+    comp = tmp_path / "comparison" / "0001"
+    for name in ("score_dpo", "score_dpo.candidates", "w4s.candidates", "candidates"):
+        _adapter(comp / name, 10)
+    assert find_garbage(store).comparison == [comp / "candidates", comp / "w4s.candidates"]

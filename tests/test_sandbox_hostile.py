@@ -77,10 +77,10 @@ SPAWNED_CONTAINERS: set[str] = set()
 @pytest.fixture(autouse=True)
 def record_sandbox_uids(monkeypatch):
     """Remember the uid of every sandbox this test starts (other processes on the machine may run sandboxes too)."""
-    import spogw_dagster.sandboxing.process as isolation
+    import spogw_dagster.sandboxing.process as process
     import spogw_dagster.workflow.runtime as runtime
 
-    real = isolation.spawn
+    real = process.spawn
 
     async def spawn(*a, **kw):
         sp = await real(*a, **kw)
@@ -90,7 +90,7 @@ def record_sandbox_uids(monkeypatch):
             SPAWNED_CONTAINERS.add(sp.container)
         return sp
 
-    monkeypatch.setattr(isolation, "spawn", spawn)
+    monkeypatch.setattr(process, "spawn", spawn)
     monkeypatch.setattr(runtime, "spawn", spawn)
 
 

@@ -73,8 +73,8 @@ class Bubblewrap:
             cmd += ["--ro-bind", host, inside]
         for d in package_dirs_to_mask(py.mounts):  # after the binds they cover
             cmd += ["--perms", "0555", "--tmpfs", d, "--remount-ro", d]
-        uid = str(run.uid if run.uid is not None else fresh_uid())
         if self.setpriv:  # root: no user namespace; drop to the fresh uid with no capabilities at all
+            uid = str(run.uid if run.uid is not None else fresh_uid())
             cmd += ["--", self.setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps", "-all",
                     "--bounding-set", "-all", "--no-new-privs", "--"]
         else:

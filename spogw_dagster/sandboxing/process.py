@@ -11,7 +11,7 @@ import resource
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..contracts import Status
 from .backend import Isolation, Launch
@@ -47,7 +47,6 @@ class Spawned:
     iso: Isolation
     launch: Launch
     cgroup: RunCgroup | None = None  # the run's memory/pids budget, when cgroups are usable
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def uid(self) -> int | None:
@@ -73,12 +72,14 @@ class Spawned:
     async def close(self) -> None:
         self.kill()
         try:
-            await asyncio.wait_for(self.proc.wait(), 10)
-        except asyncio.TimeoutError:
-            pass
-        if self.cgroup is not None:
-            await asyncio.to_thread(self.cgroup.destroy)
-        await self.iso.release(self.launch)  # e.g. the container, which outlives its killed client
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                pass
+            if self.cgroup is not None:
+                await asyncio.to_thread(self.cgroup.destroy)
+        finally:  # even when the close itself is cancelled: a container outlives its killed client
+            await self.iso.release(self.launch)
 
 
 async def spawn(iso: Isolation, argv: list[str], limits: Limits, ro_files: list[tuple[str, str]] = ()) -> Spawned:

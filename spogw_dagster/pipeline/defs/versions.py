@@ -28,6 +28,7 @@ RUNTIME_FILES: dict[str, str] = {
     "sandboxing/process.py": "*.py",
     "sandboxing/environment.py": "*.py",  # runner_path: the runner every sandboxed workflow runs
     "sandboxing/images.py": "*",  # the sandbox image is built from sandbox/Dockerfile
+    "sandboxing/backend_docker.py": "*",  # binds sandbox/ into every container it runs
     "benchmarks/verdict.py": "*.py",
 }
 

@@ -17,6 +17,7 @@ import polars as pl
 from spogw_dagster.pipeline.data.storage import AssetStore, sweep_temp_files
 
 COMPARISON_DIR = "comparison"
+CANDIDATES_SUFFIX = ".candidates"  # a method's own candidates, beside its adapter (objective_comparison)
 
 
 @dataclass
@@ -45,8 +46,14 @@ def find_garbage(store: AssetStore) -> Garbage:
             if methods is None:
                 g.comparison.append(key_dir)
                 continue
-            g.comparison += sorted(d for d in key_dir.iterdir() if d.is_dir() and d.name not in methods)
+            g.comparison += sorted(d for d in key_dir.iterdir()
+                                   if d.is_dir() and d.name not in methods and _owner(d.name) not in methods)
     return g
+
+
+def _owner(name: str) -> str | None:
+    """The method whose own sampled and scored candidates a `<method>.candidates` folder holds."""
+    return name.removesuffix(CANDIDATES_SUFFIX) if name.endswith(CANDIDATES_SUFFIX) else None
 
 
 def _methods(store: AssetStore, key: str) -> list[str]:

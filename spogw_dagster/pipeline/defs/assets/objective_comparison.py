@@ -86,7 +86,11 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
                 s, sc = stored
             else:
                 s, sc = _own_data(context, pipeline, mcfg, parent, k, name)
-                store_own_data(folder, fingerprint, s, sc)  # a rerun (after a crash in training) starts here
+                try:  # a rerun (after a crash in training) starts here; not keeping them costs time, not data
+                    store_own_data(folder, fingerprint, s, sc)
+                except OSError as e:
+                    context.log.warning(f"{name}: could not keep its candidates in {folder} ({e}); a rerun "
+                                        "samples and scores them again")
             own.append(sc.with_columns(pl.lit(name).alias("method")))
             mframes, mrows_sha = (s, sc, sharpened_groups), candidate_rows_sha256(s, sc)
         run = _train(context, cfg, name, mframes, store, key, parent, lora_checkpoint.row(0, named=True))
@@ -224,9 +228,12 @@ def own_data_dir(store: AssetStore, key: str, name: str) -> Path:
 
 def own_data_fingerprint(mcfg: SpogwConfig, parent, k: int) -> str:
     """What the candidates depend on: the method's whole config (generator, executor, seeds, queries, turns),
-    the parent adapter and the iteration."""
+    the parent adapter, the iteration, and the code that samples and scores them (a fix there makes them again)."""
+    from spogw_dagster.pipeline.defs import versions
+
+    code = {a: versions.source_hash(a)[:16] for a in ("sampled_workflows", "execution_scores")}
     return json.dumps({"config_hash": mcfg.hash, "parent_sha256": parent.sha256 if parent else None,
-                       "iteration": k}, sort_keys=True)
+                       "iteration": k, "code": code}, sort_keys=True)
 
 
 def stored_own_data(folder: Path, fingerprint: str) -> tuple[pl.DataFrame, pl.DataFrame] | None:
