@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +87,24 @@ def docker_engine():
         if started is not None:
             _stop_dockerd(started)
             os.unlink(log_path)
+
+
+# ---------------------------------------------------------------- one undisturbed `spogw run --profile ci`
+
+
+@pytest.fixture(scope="session")
+def ci_cli_run(tmp_path_factory):
+    """One `spogw run --profile ci` (two iterations, the real CLI, its persistent Dagster instance in
+    <assets>/.dagster) into a fresh assets directory, made once per session: the fault matrix's reference
+    (tests/faults/conftest.py::undisturbed) and the staleness test's starting point. Read-only: a test that
+    writes copies it first. $SPOGW_FAULTS_REFERENCE names such a run made earlier by this code (a debugging aid)."""
+    from tests.cli import spogw
+
+    t0 = time.monotonic()
+    if os.environ.get("SPOGW_FAULTS_REFERENCE"):
+        root = Path(os.environ["SPOGW_FAULTS_REFERENCE"]).resolve()
+    else:
+        root = tmp_path_factory.mktemp("undisturbed") / "assets"
+        r = spogw("run", "--profile", "ci", "--assets-dir", str(root), timeout=1200)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return {"root": root, "wall_s": time.monotonic() - t0}

@@ -13,7 +13,6 @@ import shutil
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,9 +20,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from tests.cli import SPOGW, cli_env, spogw  # noqa: F401  (the fault cases import them from here)
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-SPOGW = str(Path(sys.executable).with_name("spogw"))
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 # how a value was obtained, not what it is (timings, cache hits, reuse of an identical training run)
 VOLATILE = {"wall_s", "cached_calls", "train_seconds", "reused", "latency_s", "built_at"}
@@ -32,18 +32,6 @@ FIGURES: dict[str, dict] = {}
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "faults: the fault matrix (tests/faults): crashes, locks, damaged inputs")
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    for k in ("DAGSTER_HOME", "SPOGW_ASSETS_DIR", "SPOGW_PROFILE", "SPOGW_CONFIG"):
-        env.pop(k, None)
-    env.update(OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
-    return env
-
-
-def spogw(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([SPOGW, *args], capture_output=True, text=True, env=cli_env(), timeout=timeout)
 
 
 class Proc:
@@ -254,17 +242,12 @@ def record(case: str, **figures) -> None:
 
 
 @pytest.fixture(scope="session")
-def undisturbed(tmp_path_factory):
-    """One `spogw run --profile ci` (two iterations) into a fresh assets directory: the reference."""
-    t0 = time.monotonic()
-    if os.environ.get("SPOGW_FAULTS_REFERENCE"):  # a debugging aid: an undisturbed ci run made by this code
-        root = Path(os.environ["SPOGW_FAULTS_REFERENCE"]).resolve()
-    else:
-        root = tmp_path_factory.mktemp("undisturbed") / "assets"
-        r = spogw("run", "--profile", "ci", "--assets-dir", str(root), timeout=1200)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+def undisturbed(ci_cli_run):
+    """The session's one `spogw run --profile ci` (tests/conftest.py::ci_cli_run): the reference. Never written
+    to: a case that changes assets works on a copy (copy_assets)."""
+    root = ci_cli_run["root"]
     rep0 = (root / "benchmark_report" / "0000.parquet").stat().st_mtime
-    ref = {"root": root, "wall_s": time.monotonic() - t0, "state": table_state(root),
+    ref = {"root": root, "wall_s": ci_cli_run["wall_s"], "state": table_state(root),
            "cache_rows_it0": cache_rows(root, before=rep0), "cache_rows": cache_rows(root),
            "new_calls_it0": new_calls(root, "0000")}
     assert temp_files(root) == []
