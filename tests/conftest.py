@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import spogw
+
 # torch's OpenMP threads busy-wait by default; on 2 shared cores that makes it ~8x slower whenever anything
 # else runs (the sandbox, llama.cpp). Must be set before torch is first imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -98,8 +100,6 @@ def ci_cli_run(tmp_path_factory):
     <assets>/.dagster) into a fresh assets directory, made once per session: the fault matrix's reference
     (tests/faults/conftest.py::undisturbed) and the staleness test's starting point. Read-only: a test that
     writes copies it first. $SPOGW_FAULTS_REFERENCE names such a run made earlier by this code (a debugging aid)."""
-    from tests.cli import spogw
-
     t0 = time.monotonic()
     if os.environ.get("SPOGW_FAULTS_REFERENCE"):
         root = Path(os.environ["SPOGW_FAULTS_REFERENCE"]).resolve()

@@ -17,7 +17,6 @@ import shutil
 import time
 
 import dagster as dg
-import polars as pl
 import pytest
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.assets.graph.asset_graph import AssetGraph

@@ -20,7 +20,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.cli import SPOGW, cli_env, spogw  # noqa: F401  (the fault cases import them from here)
+from tests.cli import SPOGW, cli_env
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -29,7 +29,9 @@ from spogw_dagster.pipeline.runs.loop import _failure_message
 from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.data.storage import AssetStore
 
-from .conftest import catalog_agrees, cli_env, record, spogw, temp_files
+from tests.cli import cli_env, spogw
+
+from .conftest import catalog_agrees, record, temp_files
 from .test_executor_outage import MODEL, Endpoint, _materialize, _overrides
 
 pytestmark = [pytest.mark.faults, pytest.mark.model]

@@ -22,7 +22,9 @@ import time
 
 import pytest
 
-from .conftest import (Proc, all_new_calls, cache_rows, catalog_agrees, record, rows_lost_and_duplicated, spogw,
+from tests.cli import spogw
+
+from .conftest import (Proc, all_new_calls, cache_rows, catalog_agrees, record, rows_lost_and_duplicated,
                        table_state, temp_files, unreadable_partitions)
 
 pytestmark = [pytest.mark.faults, pytest.mark.model]

@@ -19,8 +19,10 @@ from spogw_dagster.pipeline.defs.sensors import JOB_NAME
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.defs.wiring import build_definitions
 
-from .conftest import (catalog_agrees, copy_assets, record, rows_lost_and_duplicated, spogw, table_state,
-                       temp_files, unreadable_partitions)
+from tests.cli import spogw
+
+from .conftest import (catalog_agrees, copy_assets, record, rows_lost_and_duplicated, table_state, temp_files,
+                       unreadable_partitions)
 
 pytestmark = [pytest.mark.faults, pytest.mark.model]
 

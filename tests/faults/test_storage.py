@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import (catalog_agrees, record, rows_lost_and_duplicated, spogw, table_state, temp_files,
+from tests.cli import spogw
+
+from .conftest import (catalog_agrees, record, rows_lost_and_duplicated, table_state, temp_files,
                        unreadable_partitions)
 
 pytestmark = [pytest.mark.faults, pytest.mark.model]
