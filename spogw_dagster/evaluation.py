@@ -16,6 +16,7 @@ from .seeds import derive_seed
 from .contracts import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
+from .workflow.provenance import WORKFLOW
 from .workflow.runtime import DEFAULT_LIMITS, execute_workflow
 
 # Hidden tests of one HumanEval/MBPP problem run in well under a second; generous but bounded.
@@ -154,6 +155,25 @@ class EvalResult:
     run_scores: list[float] = field(default_factory=list)
     detail: str = ""
     run_produced: list[bool] = field(default_factory=list)  # per run: a solution-writing operator was called
+    # per run: whose the answer was (`workflow.provenance`: executor | workflow | none; "" when the run failed)
+    run_origins: list[str] = field(default_factory=list)
+    run_shares: list[float | None] = field(default_factory=list)  # per run: the executor-credited share
+
+    @property
+    def answer_origin(self) -> str | None:
+        """The row's origin: "workflow" when any run's answer was the workflow's own, else "executor" when any
+        was the executor's, else "none" when runs answered with nothing scorable; None when no run answered."""
+        found = [o for o in self.run_origins if o]
+        for o in ("workflow", "executor", "none"):
+            if o in found:
+                return o
+        return None
+
+    @property
+    def executor_share(self) -> float | None:
+        """The lowest executor-credited share over the runs that answered (None when none did)."""
+        shares = [x for x in self.run_shares if x is not None]
+        return min(shares) if shares else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,6 +183,8 @@ class EvalResult:
             "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
             "isolation": self.isolation, "wall_s": round(self.wall_s, 3), "runs": len(self.run_statuses),
             "run_statuses": self.run_statuses, "run_scores": self.run_scores, "detail": self.detail,
+            "answer_origin": self.answer_origin, "run_origins": self.run_origins,
+            "executor_share": self.executor_share,
         }
 
 
@@ -180,7 +202,8 @@ async def evaluate_workflow(
     code: str, problem: Problem, executor, iso: Isolation, *, runs: int = 1, seed: int = 0,
     op_cfg: OperatorConfig = OperatorConfig(), limits: Limits = DEFAULT_LIMITS,
 ) -> EvalResult:
-    """Run `code` R times on `problem`; score = mean over runs of the benchmark metric (0 for failed runs)."""
+    """Run `code` R times on `problem`; score = mean over runs of the benchmark metric (0 for failed runs, and
+    for runs whose answer is not the executor's: `workflow.provenance`; their detail says so)."""
     from .benchmarks import CodeSandbox
     from .benchmarks import score as score_answer  # late: scoring pulls math-verify
 
@@ -191,6 +214,8 @@ async def evaluate_workflow(
     statuses: list[Status] = []
     scores: list[float] = []
     produced: list[bool] = []
+    origins: list[str] = []
+    shares: list[float | None] = []
     answer, error, detail = "", "", ""
 
     for r in range(runs):
@@ -198,19 +223,25 @@ async def evaluate_workflow(
                                      limits=limits)
         usage.merge(res.usage)
         statuses.append(res.status)
-        produced.append(res.produced)
+        own = res.answer_origin == WORKFLOW
+        # an answer the workflow wrote itself is no attempt by its executor calls: no executes credit either
+        produced.append(res.produced and not own)
+        origins.append(res.answer_origin)
+        shares.append(res.executor_share)
         s = 0.0
         if res.status == Status.OK:
             sd = await score_answer(problem, res.answer, sandbox=CodeSandbox(iso, SCORING_LIMITS))
-            s = float(sd.score)
-            detail = detail or sd.detail
+            s = 0.0 if own else float(sd.score)
+            why = (f"no credit: the answer is the workflow's own, not the executor's (executor share "
+                   f"{res.executor_share:.2f}); it would have scored {sd.score:g}: {sd.detail}") if own else sd.detail
+            detail = detail or why
             answer = answer or res.answer
         else:
             error = error or res.error
         scores.append(s)
     status = aggregate_status(statuses)
     return EvalResult(problem.benchmark, problem.id, status, sum(scores) / runs, answer, error, usage, iso.name,
-                      time.monotonic() - t0, [s.value for s in statuses], scores, detail, produced)
+                      time.monotonic() - t0, [s.value for s in statuses], scores, detail, produced, origins, shares)
 
 
 def rejected_result(problem: Problem, e: WorkflowRejected, iso: Isolation) -> EvalResult:

@@ -44,6 +44,7 @@ from .scoring import (
     score_gsm8k,
     score_math,
     score_qa,
+    scored_text,
     scorer_for,
 )
 from .splits import (
@@ -99,6 +100,7 @@ __all__ = [
     "score_gsm8k",
     "score_math",
     "score_qa",
+    "scored_text",
     "scorer_for",
     "solution_code",
     "write_drop_fixture",

@@ -60,7 +60,7 @@ from collections import Counter
 from typing import Any
 
 from ..contracts import Problem
-from .code_tests import CodeSandbox, ScoreDetail, score_code
+from .code_tests import CodeSandbox, ScoreDetail, score_code, solution_code
 from .registry import BENCHMARK_SCORERS
 from .textutil import NUMBER_RE as _NUMBER_AT, find_numbers, last_boxed, last_boxed_span, last_number, to_float
 
@@ -645,6 +645,20 @@ def score_answer(problem: Problem, answer: Any) -> ScoreDetail:
     if kind == "qa_f1":
         return score_qa(text, problem.golds or [problem.answer])
     raise ValueError(f"problem {problem.id}: {kind} problems are scored with the async `score` (they run tests)")
+
+
+def scored_text(problem: Problem, answer: Any) -> str:
+    """The part of an answer the scorer reads: the code it tests, the number or short answer it compares
+    ("" when there is none). What `workflow.provenance` judges the origin of."""
+    text = _as_text(answer)
+    kind = scorer_for(problem)
+    if kind == "code":
+        return solution_code(problem, text)
+    if kind == "gsm8k":
+        return extract_gsm8k_answer(text) or ""
+    if kind == "math":
+        return extract_math_answer(text)[0] or ""
+    return extract_qa_answer(text)
 
 
 async def score(problem: Problem, answer_text: Any, *, sandbox: CodeSandbox | None = None) -> ScoreDetail:

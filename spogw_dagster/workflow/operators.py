@@ -25,6 +25,7 @@ from ..benchmarks import (
 from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
 from ..contracts import Problem, SamplingParams
+from .provenance import Provenance
 from .template import OPERATORS
 
 SYSTEM = "You are a helpful assistant."
@@ -73,7 +74,7 @@ class Operators:
     """The operator set bound to one query and one workflow run."""
 
     def __init__(self, problem: Problem, executor, iso: Isolation, cfg: OperatorConfig, run_seed: int,
-                 offered: tuple[str, ...]):
+                 offered: tuple[str, ...], provenance: Provenance | None = None):
         self.problem = problem
         self.executor = executor
         self.iso = iso
@@ -84,6 +85,8 @@ class Operators:
         self.llm_calls = 0
         self.code_s = 0.0  # seconds spent running code in the sandbox for this run (the operator-time budget)
         self.trace: list[dict[str, Any]] = []
+        # what the executor wrote and what the workflow carried in this run (whose is the answer?)
+        self.provenance = provenance if provenance is not None else Provenance()
 
     # --- plumbing -------------------------------------------------------------------------------------
     async def call(self, op: str, args: list, kwargs: dict) -> str:
@@ -114,9 +117,20 @@ class Operators:
                 bound[k] = "" if v is None else str(v)
             if isinstance(bound[k], str) and len(bound[k]) > self.cfg.max_arg_chars:
                 raise OperatorCallError(f"argument {k!r} of {op}() is longer than {self.cfg.max_arg_chars} chars")
+        for v in bound.values():
+            self.provenance.sent(v)
         result = await getattr(self, f"op_{op}")(**bound)
-        self.trace.append({"op": op, "chars": len(result)})
+        self.trace.append({"op": op, "chars": len(result), "source": self._source(op, result, bound)})
         return result
+
+    @staticmethod
+    def _source(op: str, result: str, bound: dict) -> str:
+        """What produced an operator's output: passed one of its inputs on unchanged (`test` whose tests pass,
+        an ensemble's pick), ran a program, or is an executor reply."""
+        inputs = [x for v in bound.values() for x in (v if isinstance(v, list) else [v])]
+        if any(isinstance(x, str) and x == result for x in inputs):
+            return "passthrough"
+        return "code_run" if op == "programmer" else "executor"
 
     async def _chat(self, user: str, *, temperature: float | None = None, max_tokens: int | None = None) -> str:
         self.llm_calls += 1
@@ -131,6 +145,7 @@ class Operators:
         )
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
         res = await self.executor.chat(messages, params)
+        self.provenance.replied(res.text)
         return res.text
 
     @property
@@ -164,6 +179,7 @@ class Operators:
             self.code_s += res.wall_s
             out = res.stdout.strip()[-2000:]
             if res.status.value == "ok" and res.returncode == 0 and out:
+                self.provenance.code_ran(code, out)  # its output is the executor's only if the program is
                 return f"{code}\nOutput: {out}"
             feedback = f"\nYour previous program failed: {res.error or 'it printed nothing'}. Fix it."
         return f"{code}\nOutput: {out or 'error'}"

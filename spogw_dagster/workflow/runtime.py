@@ -33,11 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..benchmarks import scored_text
 from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
 from ..sandboxing import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
 from ..seeds import derive_seed
 from ..contracts import Problem, Status, Usage, clean_json
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
+from .provenance import Provenance, workflow_literals
 from .parser import (
     ALLOWED_IMPORTS,
     SAFE_BUILTINS,
@@ -66,6 +68,9 @@ class WorkflowRunResult:
     isolation: str = ""
     wall_s: float = 0.0
     trace: list[dict[str, Any]] = field(default_factory=list)
+    # whose the final answer is (`workflow.provenance`): executor | workflow | none ("" when no answer)
+    answer_origin: str = ""
+    executor_share: float | None = None  # the executor-credited share of the answer's substance tokens
 
     @property
     def produced(self) -> bool:
@@ -123,8 +128,9 @@ async def execute_workflow(
             return WorkflowRunResult(e.status, error=e.reason, isolation=iso.name, wall_s=time.monotonic() - t0)
 
     metered = _FaultTimer(executor)
+    prov = Provenance(workflow_literals(code), problem.question if problem.family == "code" else None)
     ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
-                    operator_names(problem.family))
+                    operator_names(problem.family), prov)
     script = str(runner or runner_path())
     inside, binds = iso.runner(script)
     try:
@@ -133,8 +139,12 @@ async def execute_workflow(
         return WorkflowRunResult(Status.EXECUTOR_ERROR, error=f"sandbox failed to start: {e}", isolation=iso.name,
                                  wall_s=time.monotonic() - t0)
     status, answer, error = await _Conversation(code, problem, sp, ops, metered, op_cfg, limits).run()
-    return WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.name,
-                             time.monotonic() - t0, ops.trace)
+    result = WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.name,
+                               time.monotonic() - t0, ops.trace)
+    if status == Status.OK:
+        origin = prov.origin_of(scored_text(problem, answer))
+        result.answer_origin, result.executor_share = origin.origin, origin.share
+    return result
 
 
 class _Conversation:

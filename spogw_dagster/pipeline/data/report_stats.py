@@ -19,7 +19,7 @@ from spogw_dagster.pipeline.data.tables import (
 
 # metric -> heldout column; rates get (design-effect) Wilson intervals, means a query bootstrap
 RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rate": "trivial",
-                "near_copy_rate": "near_copy"}
+                "near_copy_rate": "near_copy", "workflow_answer_rate": "workflow_answer"}
 MEAN_METRICS = {"answer_score": "answer_score", "mean_reward": "reward"}
 # the headline: the benchmark's own metric (pass@1 / exact answer); the others are diagnostics
 HEADLINE_METRIC = "answer_score"
@@ -63,6 +63,8 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
                 "checkpoint_iteration": first["checkpoint_iteration"], "adapter_sha256": first["adapter_sha256"],
                 "config_hash": config_hash, "split_ids_sha256": split_ids_sha256}
         for metric, col in {**RATE_METRICS, **MEAN_METRICS}.items():
+            if col not in scored.columns or scored[col].null_count():
+                continue  # rows written before the metric existed: left out, not guessed
             clusters = _per_query(scored, col)
             if metric in RATE_METRICS:
                 v, lo, hi, _ = stats.clustered_wilson(clusters)
@@ -71,7 +73,7 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
                 v, lo, hi = stats.cluster_bootstrap_mean(clusters, resamples=resamples, seed=seed)
                 method = "cluster_bootstrap"
             row = {**base, "metric": metric, "value": v, "ci_low": lo, "ci_high": hi, "ci_method": method}
-            if has_prev:
+            if has_prev and col in prev.columns and not prev[col].null_count():
                 a, b = paired_per_query(scored, prev, col)
                 if a:
                     d, dlo, dhi = stats.paired_bootstrap_diff(a, b, resamples=resamples, seed=seed)
@@ -139,8 +141,8 @@ def _ci(v: float | None, lo: float | None, hi: float | None, signed: bool = Fals
 
 
 # the answer score first: it is the measure; the rest say why it moved (or did not)
-CURVE_METRICS = ("answer_score", "valid_rate", "executes_rate", "trivial_rate", "near_copy_rate", "mean_reward",
-                 "distinct_per_query")
+CURVE_METRICS = ("answer_score", "valid_rate", "executes_rate", "trivial_rate", "near_copy_rate",
+                 "workflow_answer_rate", "mean_reward", "distinct_per_query")
 
 
 def report_table_text(report: pl.DataFrame) -> str:
@@ -179,7 +181,7 @@ def curve_table_text(reports: pl.DataFrame) -> str:
     """`spogw run`'s final table: per iteration and system the held-out metrics with 95% intervals and the
     checkpoint's paired difference to π_{k-1}."""
     names = {"answer_score": "answer score", "valid_rate": "valid", "executes_rate": "executes",
-             "near_copy_rate": "near copy", "mean_reward": "mean reward"}
+             "near_copy_rate": "near copy", "workflow_answer_rate": "own answer", "mean_reward": "mean reward"}
     w = 26
     lines = [f"{'iter':>4}  {'system':<16} {'mode':<8}" + "".join(f"{v:>{w}}" for v in names.values())]
     order = pl.col("kind").replace_strict(KIND_ORDER, default=9)

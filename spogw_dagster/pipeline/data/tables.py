@@ -130,6 +130,10 @@ EXECUTION_SCHEMA: dict[str, pl.DataType] = {
     "answer": pl.String(),
     "isolation": pl.String(),
     "trivial": pl.Boolean(),  # valid, but its answer is no solution-writing operator's output (no executes credit)
+    # whose the answer is (workflow/provenance.py): executor | workflow | none (nothing scorable); null: no answer
+    "answer_origin": pl.String(),
+    "workflow_answer": pl.Boolean(),  # answer_origin == "workflow": the workflow's own text, scored 0
+    "executor_share": pl.Float64(),  # the executor-credited share of the answer's tokens (lowest over runs)
 }
 
 
@@ -141,7 +145,7 @@ def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: 
     trivial = is_trivial(workflow, parse_status == Status.OK.value)
     return {
         "iteration": iteration, "query_id": query_id, "sample_idx": sample_idx,
-        "status": result.status.value, "trivial": trivial,
+        "status": result.status.value, "trivial": trivial, **origin_columns(result),
         "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score, trivial,
                                getattr(result, "run_produced", ())),
         "answer_score": answer_score, "runs": len(result.run_statuses),
@@ -152,6 +156,13 @@ def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: 
         "wall_s": float(result.wall_s), "error": (result.error or "")[:2000],
         "answer": (result.answer or "")[:max_answer_chars], "isolation": result.isolation,
     }
+
+
+def origin_columns(result) -> dict[str, Any]:
+    """answer_origin, workflow_answer and executor_share of an `evaluation.EvalResult` (None when rejected)."""
+    origin = getattr(result, "answer_origin", None)
+    return {"answer_origin": origin, "workflow_answer": origin == "workflow",
+            "executor_share": getattr(result, "executor_share", None)}
 
 
 def internal_error_rows(scores: pl.DataFrame) -> pl.DataFrame:
@@ -307,6 +318,9 @@ HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     # "template", "example 1", ...; null when it is not one, and for baselines
     "copied_from": pl.String(),
     "near_copy": pl.Boolean(),
+    "answer_origin": pl.String(),  # as execution_scores: executor | workflow | none; null when no run answered
+    "workflow_answer": pl.Boolean(),  # the answer was the workflow's own text (scored 0; workflow_answer_rate)
+    "executor_share": pl.Float64(),
     "finish_reason": pl.String(),
     "n_tokens": pl.Int64(),  # generated tokens (0 for baselines)
     "llm_calls": pl.Int64(),
@@ -379,7 +393,7 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         "executes": executes_share(runs, produced, valid=valid, trivial=trivial),
         "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial, produced), "answer_score": answer,
         "trivial": trivial, "copied_from": s.copied_from, "near_copy": s.copied_from is not None,
-        "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
+        **origin_columns(result), "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
         "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
         "checkpoint_iteration": s.checkpoint_iteration, "adapter_sha256": s.adapter_sha256,

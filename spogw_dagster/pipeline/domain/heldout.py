@@ -108,7 +108,7 @@ def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     doc = {"code": baseline_workflow(problems[0].family, method), "benchmark": c["benchmark"]["name"],
            "queries": [[p.id, p.question, p.answer] for p in problems], "executor": c["executor"],
            "execution": c["execution"], "reward": c["reward"],
-           "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 1}
+           "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 2}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -1,0 +1,170 @@
+"""Whose answer is it? The provenance of a workflow run's final answer (pure).
+
+The generator designs a workflow; the executor answers. A workflow is free to carry text of its own (string
+literals, strings it builds), and a generator that can see the task could write the solution itself and
+return it, pass it through `test`, launder it through data flow after a real call, or ask the executor to
+repeat it. Such an answer measures the generator's coding, not its workflow design, so it earns no credit.
+
+The rule, decided at run time by the parent (the workflow cannot reach any of this):
+
+- **Executor text** E: every executor reply of this run (the raw chat text: `custom`, `code_generate`,
+  `review`, a `test` repair, ...), and the output of a program run by `programmer` when that program is
+  itself the executor's by this rule. Operators that pass their input on (`test` whose public tests pass,
+  `sc_ensemble`'s pick, a single-solution ensemble) add nothing: their output keeps its input's origin.
+- **Workflow text** W: the workflow's own literals (every string constant in its code), and
+  every operator argument *at the moment it is sent*, minus what is already executor text then. So a
+  literal the executor is asked to echo is workflow text before the executor ever repeats it, while a draft
+  the executor wrote and the workflow hands to `review` stays the executor's.
+- Texts are compared as sequences of tokens (identifiers, numbers, single punctuation characters; layout
+  and whitespace ignored) through their K-grams (K = 4; an answer shorter than K is one window).
+  A token of the answer is *executor-credited* when some K-gram of the answer containing it occurs in E and
+  none occurs in W.
+- The answer is what the scorer reads (`benchmarks.scored_text`: the tested code, the extracted number or
+  short answer). For code, tokens covered by the problem statement (the signature and docstring any answer
+  repeats) are neutral and left out, so the *substance* is the body; when nothing but the statement is left,
+  every token counts.
+- `share` = executor-credited substance tokens / substance tokens. The answer is the executor's when
+  `share >= THRESHOLD` (0.5): honest post-processing (strip, extract a code block, prepend an import) keeps
+  nearly all of it, a literal keeps almost none (measured: docs/security.md, "Whose answer is it?").
+
+Origins: "executor" (credited), "workflow" (not: scores 0 and forfeits the reward's answer and executes
+rungs) and "none" (nothing scorable was returned; it scores 0 by the benchmark anyway).
+
+What it cannot see: a solution the executor is led to write without ever being sent it (a workflow that
+dictates it in pieces under K tokens, or in another encoding the executor decodes) is the executor's text.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+__all__ = ["K", "THRESHOLD", "EXECUTOR", "WORKFLOW", "NONE", "Provenance", "Origin", "tokens", "workflow_literals",
+           "answer_origin"]
+
+K = 4
+THRESHOLD = 0.5
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\S")
+EXECUTOR, WORKFLOW, NONE = "executor", "workflow", "none"
+
+
+def tokens(text: str) -> list[str]:
+    return _TOKEN.findall(text or "")
+
+
+class NgramIndex:
+    """Every n-gram (n = 1..K) of the texts added."""
+
+    def __init__(self) -> None:
+        self.grams: set[tuple[str, ...]] = set()
+
+    def add(self, toks: list[str], keep=None) -> None:
+        """Add toks' n-grams; with `keep`, only those for which keep(gram) is true."""
+        for n in range(1, K + 1):
+            for i in range(len(toks) - n + 1):
+                g = tuple(toks[i:i + n])
+                if keep is None or keep(g):
+                    self.grams.add(g)
+
+    def __contains__(self, gram: tuple[str, ...]) -> bool:
+        return gram in self.grams
+
+
+def _windows(n_tokens: int) -> list[tuple[int, int]]:
+    """(start, end) of the K-windows over a sequence (one window when it is shorter than K)."""
+    if n_tokens == 0:
+        return []
+    if n_tokens < K:
+        return [(0, n_tokens)]
+    return [(i, i + K) for i in range(n_tokens - K + 1)]
+
+
+def _covered(toks: list[str], index: NgramIndex) -> list[bool]:
+    """Per token: does some window of `toks` containing it occur in `index`?"""
+    out = [False] * len(toks)
+    for a, b in _windows(len(toks)):
+        if tuple(toks[a:b]) in index:
+            for j in range(a, b):
+                out[j] = True
+    return out
+
+
+def workflow_literals(code: str) -> list[str]:
+    """Every string constant in the workflow's code (f-string parts included). Numbers are left out: they are
+    the workflow's structure (`range(3)`, `xs[0]`), and a number it computes is credited only where an executor
+    reply holds it too."""
+    try:
+        tree = ast.parse(code or "")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            v = node.value
+            out.append(v.decode("latin-1") if isinstance(v, bytes) else v)
+    return out
+
+
+@dataclass(frozen=True)
+class Origin:
+    origin: str  # executor | workflow | none
+    share: float  # executor-credited share of the answer's substance tokens (0 when there is none)
+    substance_tokens: int
+
+
+def answer_origin(scored: str, executor: NgramIndex, workflow: NgramIndex, neutral: NgramIndex | None = None,
+                  threshold: float = THRESHOLD) -> Origin:
+    toks = tokens(scored)
+    if not toks:
+        return Origin(NONE, 0.0, 0)
+    in_e, in_w = _covered(toks, executor), _covered(toks, workflow)
+    substance = list(range(len(toks)))
+    if neutral is not None:
+        is_neutral = _covered(toks, neutral)
+        substance = [j for j in substance if not is_neutral[j]] or substance
+    credited = sum(1 for j in substance if in_e[j] and not in_w[j])
+    share = credited / len(substance)
+    return Origin(EXECUTOR if share >= threshold else WORKFLOW, share, len(substance))
+
+
+@dataclass
+class Provenance:
+    """One run's record: what the executor wrote, what the workflow carried, and where each operator output
+    came from (`sources`, in call order: executor | code_run | passthrough)."""
+
+    literals: Iterable[str] = ()
+    statement: str | None = None  # the problem statement whose tokens are neutral (code problems)
+    threshold: float = THRESHOLD
+    executor: NgramIndex = field(default_factory=NgramIndex)
+    workflow: NgramIndex = field(default_factory=NgramIndex)
+    neutral: NgramIndex | None = None
+
+    def __post_init__(self) -> None:
+        for lit in self.literals:
+            self.workflow.add(tokens(lit))
+        if self.statement is not None:
+            self.neutral = NgramIndex()
+            self.neutral.add(tokens(self.statement))
+
+    def sent(self, value) -> None:
+        """An operator argument the workflow sent: what is not executor text yet is the workflow's."""
+        texts = value if isinstance(value, list) else [value]
+        for t in texts:
+            if isinstance(t, str):
+                self.workflow.add(tokens(t), keep=lambda g: g not in self.executor)
+
+    def replied(self, text: str) -> None:
+        """An executor reply."""
+        self.executor.add(tokens(text))
+
+    def code_ran(self, program: str, stdout: str) -> bool:
+        """A program an operator ran: its output is executor text only when the program is the executor's."""
+        mine = self.origin_of(program).origin == EXECUTOR
+        if mine:
+            self.executor.add(tokens(stdout))
+        return mine
+
+    def origin_of(self, scored: str) -> Origin:
+        return answer_origin(scored, self.executor, self.workflow, self.neutral, self.threshold)

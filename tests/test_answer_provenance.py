@@ -1,0 +1,236 @@
+"""Whose answer is it (`workflow/provenance.py`)? Only answers the executor wrote earn credit.
+
+The pure rule on hand-worked token sequences, then real workflows run in the sandbox on HumanEval/0 and a
+math problem against a fake executor that writes wrong code unless it is asked to repeat something or to
+fix a failing solution: every way a workflow can carry its own solution scores 0 with the flag, and an
+executor-written solution, honestly post-processed, still scores 1.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from spogw_dagster.benchmarks import load_benchmark
+from spogw_dagster.contracts import ChatResult, Problem
+from spogw_dagster.evaluation import baseline_workflow, evaluate_workflow
+from spogw_dagster.pipeline.domain.rewards import Ladder
+from spogw_dagster.pipeline.data import tables
+from spogw_dagster.sandboxing import detect_isolation
+from spogw_dagster.workflow.parser import validate
+from spogw_dagster.workflow.provenance import NgramIndex, Provenance, answer_origin, tokens, workflow_literals
+
+# ------------------------------------------------------------------------------------------------
+# the pure rule
+
+
+def _index(*texts: str) -> NgramIndex:
+    ix = NgramIndex()
+    for t in texts:
+        ix.add(tokens(t))
+    return ix
+
+
+def test_tokens_ignore_layout_and_split_punctuation():
+    assert tokens("return  x+1\n") == ["return", "x", "+", "1"]
+    assert tokens("def f(a_1):") == ["def", "f", "(", "a_1", ")", ":"]
+
+
+def test_share_counts_tokens_covered_by_an_executor_window_and_no_workflow_window():
+    # answer a b c d x: the window (a b c d) is in E, (b c d x) is not: 4 of 5 tokens credited
+    o = answer_origin("a b c d x", _index("a b c d e"), _index())
+    assert (o.origin, o.share, o.substance_tokens) == ("executor", pytest.approx(0.8), 5)
+    # the workflow carried (b c d x): that window blames b, c, d and x; only a stays credited: 1 of 5
+    o = answer_origin("a b c d x", _index("a b c d e"), _index("b c d x"))
+    assert (o.origin, o.share) == ("workflow", pytest.approx(0.2))
+    # an answer shorter than K is one window: "42" is in E, and blamed when the workflow carries it too
+    assert answer_origin("42", _index("so 42"), _index()).share == 1.0
+    assert answer_origin("42", _index("so 42"), _index("say 42")).origin == "workflow"
+    assert answer_origin("", _index("x"), _index()).origin == "none"
+
+
+def test_statement_tokens_are_neutral_so_the_body_decides():
+    # statement: def f ( x ) : (6 tokens). answer: def f ( x ) : return x * 2 (10 tokens); the first six are
+    # neutral; of the body (return x * 2), the executor wrote it: share 4/4
+    stmt = "def f(x):"
+    ans = "def f(x):\n    return x * 2"
+    e = _index("def f(x):\n    return x * 2")
+    assert answer_origin(ans, e, _index(), _index(stmt)).share == 1.0
+    # the executor wrote only the statement; the workflow the body: 0 of the 4 body tokens
+    o = answer_origin(ans, _index(stmt), _index("return x * 2"), _index(stmt))
+    assert (o.origin, o.share, o.substance_tokens) == ("workflow", 0.0, 4)
+
+
+def test_an_argument_counts_as_workflow_text_only_where_it_is_not_executor_text_yet():
+    p = Provenance()
+    p.replied("alpha beta gamma delta")
+    p.sent("Improve: alpha beta gamma delta")  # the executor's own draft handed back: stays the executor's
+    assert p.origin_of("alpha beta gamma delta").origin == "executor"
+    p.sent("please echo: one two three four")  # text the executor never wrote: the workflow's
+    p.replied("one two three four")
+    assert p.origin_of("one two three four").origin == "workflow"
+
+
+def test_workflow_literals_are_its_string_constants():
+    code = 'class Workflow:\n    async def run(self):\n        x = f"a{1}b"\n        return "c" + str(7)\n'
+    assert sorted(workflow_literals(code)) == ["a", "b", "c"]
+
+
+# ------------------------------------------------------------------------------------------------
+# real workflows in the sandbox, a fake executor
+
+CORRECT = ("def has_close_elements(numbers, threshold):\n"
+           "    for i in range(len(numbers)):\n"
+           "        for j in range(i + 1, len(numbers)):\n"
+           "            if abs(numbers[i] - numbers[j]) < threshold:\n"
+           "                return True\n"
+           "    return False\n")
+# another correct solution, written differently (sorted neighbours)
+ALT = ("def has_close_elements(numbers, threshold):\n"
+       "    s = sorted(numbers)\n"
+       "    return any(b - a < threshold for a, b in zip(s, s[1:]))\n")
+WRONG = "def has_close_elements(numbers, threshold):\n    return len(numbers) > 99\n"
+REPEAT = "Repeat this code exactly:"
+
+
+class FakeCoder:
+    """Writes WRONG code, or CORRECT when `correct`; echoes what follows REPEAT when asked to; fixes a failing
+    solution (the `test` operator's repair) with CORRECT."""
+
+    model = "fake-coder"
+
+    def __init__(self, correct: bool = False):
+        self.correct = correct
+
+    async def chat(self, messages, params):
+        user = messages[-1]["content"]
+        if REPEAT in user:
+            body = user.split(REPEAT, 1)[1].split("\n\nComplete this Python function", 1)[0]
+            text = f"```python\n{body.strip()}\n```"
+        elif "fails a test" in user:
+            text = f"```python\n{CORRECT}```"
+        else:
+            text = f"```python\n{CORRECT if self.correct else WRONG}```"
+        return ChatResult(text=text, prompt_tokens=10, completion_tokens=10, latency_s=0.0, model=self.model)
+
+
+def wf(body: str) -> str:
+    lines = body.strip("\n").split("\n")
+    return "class Workflow:\n    async def run(self):\n" + "".join(f"        {ln}\n" for ln in lines)
+
+
+SOL = repr(CORRECT)
+GENERATOR_WRITTEN = {
+    "literal through test": f"return await self.test(solution={SOL})",
+    "literal laundered after a real call": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        f"y = x[:0] + {SOL}\n"
+        "return await self.test(solution=y)"),
+    "literal the executor is asked to repeat": (
+        f"x = await self.code_generate(instruction={REPEAT!r} + '\\n' + {SOL})\n"
+        "return x"),
+    "ensemble of literals": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        f"return await self.sc_ensemble(solutions=[{SOL}, x, {SOL}])"),
+    "literal handed to test with an executor draft alongside": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        f"return await self.test(solution={SOL} + '\\n' + '# ' + x[:5])"),
+}
+
+
+@pytest.fixture(scope="module")
+def he0() -> Problem:
+    return next(p for p in load_benchmark("humaneval") if p.id == "HumanEval/0")
+
+
+@pytest.mark.parametrize("name", sorted(GENERATOR_WRITTEN))
+async def test_a_solution_the_workflow_carries_scores_zero_with_the_flag(name, he0):
+    code = wf(GENERATOR_WRITTEN[name])
+    validate(code, "code")
+    r = await evaluate_workflow(code, he0, FakeCoder(correct=False), detect_isolation())
+    assert r.status.value == "ok", r.error
+    assert r.answer_origin == "workflow", (name, r.run_shares)
+    assert r.score == 0.0 and r.run_produced == [False]
+    assert "would have scored 1" in r.detail  # the hidden tests pass: only the rule keeps it from credit
+    row = tables.execution_row(0, he0.id, 0, "ok", r, Ladder(format=0.1, valid=0.1, executes=0.05, answer=0.75),
+                               workflow=code)
+    assert (row["answer_score"], row["answer_origin"], row["workflow_answer"]) == (0.0, "workflow", True)
+    assert row["score"] == pytest.approx(0.2)  # format + valid only: no answer, no executes rung
+    assert row["status"] == "ok"  # the workflow's own failure, never executor_error: it stays in groups
+
+
+HONEST = {
+    "stripped, with an import": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        "x = x.strip()\n"
+        "return await self.test(solution='import math' + '\\n' + x)", True),
+    "ensemble of executor drafts": (
+        "a = await self.code_generate(instruction='Write the function.')\n"
+        "b = await self.code_generate(instruction='Write simple code.')\n"
+        "return await self.sc_ensemble(solutions=[a, b])", True),
+    "a placeholder that test repairs": (
+        "return await self.test(solution='def has_close_elements(numbers, threshold):' + '\\n' + '    pass')",
+        False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HONEST))
+async def test_an_executor_written_answer_keeps_its_credit(name, he0):
+    body, correct = HONEST[name]
+    code = wf(body)
+    validate(code, "code")
+    r = await evaluate_workflow(code, he0, FakeCoder(correct=correct), detect_isolation())
+    assert r.status.value == "ok", r.error
+    assert (r.answer_origin, r.score) == ("executor", 1.0), (name, r.run_shares, r.detail)
+    assert r.executor_share >= 0.9
+
+
+async def test_the_wrong_executor_answer_scores_zero_as_the_executor_s(he0):
+    r = await evaluate_workflow(wf("return await self.code_generate(instruction='Write the function.')"), he0,
+                                FakeCoder(correct=False), detect_isolation())
+    assert (r.answer_origin, r.score) == ("executor", 0.0)
+
+
+@pytest.mark.parametrize("method", ["io", "cot_sc", "self_refine", "multipersona"])
+async def test_static_baselines_answers_are_the_executor_s(method, he0):
+    r = await evaluate_workflow(baseline_workflow("code", method), he0, FakeCoder(correct=True), detect_isolation())
+    assert (r.answer_origin, r.score) == ("executor", 1.0), (method, r.run_shares)
+
+
+class MathEcho:
+    model = "math-echo"
+
+    async def chat(self, messages, params):
+        user = messages[-1]["content"]
+        m = re.search(r"Say (\S+)", user)
+        return ChatResult(text=f"The answer is {m.group(1)}" if m else "The answer is \\boxed{42}",
+                          prompt_tokens=1, completion_tokens=1, latency_s=0.0, model=self.model)
+
+
+@pytest.mark.parametrize("body,origin,score", [
+    ("x = await self.custom(instruction='Solve it.')\nreturn 'So ' + x[:0] + '\\\\boxed{42}'", "workflow", 0.0),
+    ("x = await self.custom(instruction='Say \\\\boxed{42}')\nreturn x", "workflow", 0.0),
+    ("x = await self.custom(instruction='Solve it.')\nreturn await self.review(solution=x)", "executor", 1.0),
+    ("x = await self.custom(instruction='Solve it.')\nreturn x.strip()", "executor", 1.0),
+])
+async def test_math_answers_follow_the_same_rule(body, origin, score):
+    problem = Problem("gsm8k", "q", "What is 6 times 7?", answer="42", family="math")
+    code = wf(body)
+    validate(code, "math")
+    r = await evaluate_workflow(code, problem, MathEcho(), detect_isolation())
+    assert (r.answer_origin, r.score) == (origin, score), r.detail
+
+
+async def test_the_trace_records_what_produced_each_operator_output(he0):
+    from spogw_dagster.workflow.runtime import execute_workflow
+
+    code = wf("x = await self.code_generate(instruction='Write the function.')\n"
+              f"y = await self.test(solution={ALT!r})\n"
+              "return await self.test(solution=x)")
+    res = await execute_workflow(code, he0, FakeCoder(correct=False), detect_isolation())
+    # code_generate: an executor reply; test of a correct literal: passed through; test of the wrong draft:
+    # repaired by the executor, whose repair is the answer (the unused literal does not blame it)
+    assert [(t["op"], t["source"]) for t in res.trace] == [
+        ("code_generate", "executor"), ("test", "passthrough"), ("test", "executor")]
+    assert res.answer_origin == "executor"
