@@ -1,13 +1,17 @@
 """Content digests of every partition of every table under one or two assets directories: two runs of the same
 config and code must print the same digests (what a refactor that changes no behaviour is checked against).
 
-    python bench/table_digests.py ASSETS_A [ASSETS_B]
+    python bench/table_digests.py ASSETS_A [ASSETS_B] [--table T] [--filter EXPR] [--common-columns]
 
 One line per (table, partition): the sha256 of its rows (sorted, as canonical JSON) with the columns that
 record how long something took or where it was written left out (`VOLATILE`: wall times, training seconds,
 the adapter's path); with two directories, whether they match, and the columns that differ where they do not.
 Adapter weights are compared through `adapter_sha256`, which every table that names an adapter carries.
 Exit status 1 when a digest differs.
+
+To check that a change leaves some rows alone while it adds columns or changes others (e.g. the static
+baselines' held-out scores): `--table heldout_results --filter "kind = 'baseline'" --common-columns` digests
+only that table's rows matching the SQL expression, over the columns both directories have.
 """
 
 from __future__ import annotations
@@ -23,12 +27,16 @@ import polars as pl
 VOLATILE = {"wall_s", "train_seconds", "adapter_path"}
 
 
-def digests(root: Path) -> dict[str, tuple[str, dict[str, str]]]:
-    """{"table/partition": (digest of the rows, {column: digest of that column})}."""
+def digests(root: Path, table: str = "*", where: str | None = None,
+            columns: set[str] | None = None) -> dict[str, tuple[str, dict[str, str]]]:
+    """{"table/partition": (digest of the rows, {column: digest of that column})}, over the rows matching `where`
+    (a SQL expression) and, when given, only `columns`."""
     out = {}
-    for f in sorted(root.glob("*/*.parquet")):
+    for f in sorted(root.glob(f"{table}/*.parquet")):
         df = pl.read_parquet(f)
-        keep = [c for c in df.columns if c not in VOLATILE]
+        if where:
+            df = df.filter(pl.sql_expr(where))
+        keep = [c for c in df.columns if c not in VOLATILE and (columns is None or c in columns)]
         rows = sorted(json.dumps(r, sort_keys=True, default=str) for r in df.select(keep).to_dicts())
         cols = {c: hashlib.sha256(json.dumps(sorted(map(str, df[c].to_list()))).encode()).hexdigest()[:12]
                 for c in keep}
@@ -36,16 +44,30 @@ def digests(root: Path) -> dict[str, tuple[str, dict[str, str]]]:
     return out
 
 
+def _columns(root: Path, table: str) -> set[str]:
+    return {c for f in root.glob(f"{table}/*.parquet") for c in pl.read_parquet_schema(f)}
+
+
 def main(argv: list[str]) -> int:
-    if not 1 <= len(argv) <= 2:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 2
-    a = digests(Path(argv[0]))
-    if len(argv) == 1:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("dirs", nargs="+", type=Path)
+    ap.add_argument("--table", default="*", help="one table (default: every table)")
+    ap.add_argument("--filter", dest="where", help="a SQL expression rows must match, e.g. \"kind = 'baseline'\"")
+    ap.add_argument("--common-columns", action="store_true", help="compare only the columns both directories have")
+    args = ap.parse_args(argv)
+    if len(args.dirs) > 2:
+        ap.error("one or two assets directories")
+    cols = None
+    if args.common_columns and len(args.dirs) == 2:
+        cols = _columns(args.dirs[0], args.table) & _columns(args.dirs[1], args.table)
+    a = digests(args.dirs[0], args.table, args.where, cols)
+    if len(args.dirs) == 1:
         for k, (d, _) in a.items():
             print(f"{k:48s} {d}")
         return 0
-    b = digests(Path(argv[1]))
+    b = digests(args.dirs[1], args.table, args.where, cols)
     bad = 0
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b:

@@ -32,6 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .evaluation import STATIC_METHODS
+
     ap = argparse.ArgumentParser(prog="spogw", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("exec-workflow", help="execute one workflow on one query and score it")
@@ -41,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--runs", type=int, default=1, help="executions to average (ScoreFlow uses 3)")
     bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc, self_refine, multipersona) on N test queries")
     _common(bl)
-    bl.add_argument("--method", required=True, choices=["io", "cot", "cot_sc", "self_refine", "multipersona"])
-    bl.add_argument("--limit", type=int, default=20, help="number of test queries")
+    bl.add_argument("--method", required=True, choices=list(STATIC_METHODS),
+                    help="an AFlow baseline, or a static structure of the operators (gen_test, sc3, sc3_test, sc5)")
+    bl.add_argument("--limit", type=int, default=20, help="number of queries of the split")
+    bl.add_argument("--split", choices=["test", "validation"], default="test",
+                    help="score on the test split (default) or the validation split (where choices are made)")
     bl.add_argument("--split-seed", type=int, default=0)
     bl.add_argument("--concurrency", type=int, default=4)
     bl.add_argument("--show", action="store_true", help="also list per-query results")
@@ -161,20 +166,25 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .benchmarks.queries import held_out_problems
+    from .benchmarks.queries import held_out_problems, split_problems
     from .evaluation import baseline_workflow, evaluate_many, summarize
 
-    problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
+    if args.split == "test":
+        problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
+    else:
+        problems, _ = split_problems(args.benchmark, "validation", limit=args.limit, seed=args.split_seed,
+                                     path=args.data_path)
     code = baseline_workflow(problems[0].family, args.method)
     iso, executor = _sandbox_and_executor(args)
     try:
         results = await evaluate_many(code, problems, executor, iso, concurrency=args.concurrency, seed=args.seed)
     finally:
         await executor.aclose()
-    summary = {"benchmark": args.benchmark, "method": args.method, "executor": executor.model,
+    summary = {"benchmark": args.benchmark, "method": args.method, "split": args.split, "executor": executor.model,
                "isolation": iso.name, **summarize(results)}
     if args.show or args.json:
-        summary["results"] = [{"query": r.query_id, "status": r.status.value, "score": r.score} for r in results]
+        summary["results"] = [{"query": r.query_id, "status": r.status.value, "score": r.score,
+                               "answer_origin": r.answer_origin} for r in results]
     if args.json:
         print(json.dumps(summary))
     else:

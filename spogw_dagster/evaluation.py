@@ -28,6 +28,10 @@ BASELINE_INSTRUCTIONS = {
 }
 SC_SAMPLES = 3
 BASELINE_METHODS = ("io", "cot", "cot_sc", "self_refine", "multipersona")
+# Static structures built from the operator set (code family), measured beside the baselines to find the
+# headroom a generator can learn: is there a workflow clearly above IO on this executor? (docs/methods.md)
+STRUCTURES = ("gen_test", "sc3", "sc3_test", "sc5")
+STATIC_METHODS = BASELINE_METHODS + STRUCTURES
 
 # Self-Refine (Madaan et al. 2023): a draft, then rounds of feedback on it and a revision that uses the
 # feedback. Two rounds: the paper allows up to four and its gains shrink after the first ones, and every round
@@ -66,11 +70,29 @@ def baseline_workflow(family: str, method: str) -> str:
                 f"        for i in range({SC_SAMPLES}):\n"
                 f"            solutions.append(await self.{op}(instruction={instr!r}))\n"
                 "        return await self.sc_ensemble(solutions=solutions)\n")
+    if method in STRUCTURES:
+        return _structure(family, method)
     if method == "self_refine":
         return _self_refine(family, op)
     if method == "multipersona":
         return _multipersona(family, op)
-    raise ValueError(f"unknown baseline method {method!r}; expected one of {', '.join(BASELINE_METHODS)}")
+    raise ValueError(f"unknown baseline method {method!r}; expected one of {', '.join(STATIC_METHODS)}")
+
+
+def _structure(family: str, method: str) -> str:
+    """The static structures (code only): `gen_test` one solution through `test`; `scK` K solutions to
+    `sc_ensemble` (which prefers those that pass the public tests); `sc3_test` that pick through `test`."""
+    if family != "code":
+        raise ValueError(f"the static structure {method!r} is defined for code benchmarks only")
+    gen = "await self.code_generate(instruction='')"
+    if method == "gen_test":
+        return f"class Workflow:\n    async def run(self):\n        s = {gen}\n        return await self.test(solution=s)\n"
+    k = int(method[2])
+    tail = ("        return await self.test(solution=best)\n" if method.endswith("_test") else "        return best\n")
+    return ("class Workflow:\n    async def run(self):\n        solutions = []\n"
+            f"        for i in range({k}):\n"
+            f"            solutions.append({gen})\n"
+            "        best = await self.sc_ensemble(solutions=solutions)\n" + tail)
 
 
 # The workflow never sees the query: the operator puts the query after the instruction (and, for code, asks

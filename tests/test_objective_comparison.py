@@ -71,7 +71,8 @@ def test_comparison_settings_do_not_change_the_loops_config_hash():
 def _rows(system: str, kind: str, valid: list[int], reward: list[float]) -> list[dict]:
     return [{"iteration": 1, "split": "test", "system": system, "kind": kind, "mode": "greedy", "greedy": True,
              "query_id": f"q{i}", "sample_idx": 0, "seed": 7, "exec_seed": 11, "status": "ok" if v else "invalid",
-             "valid": bool(v), "executes": bool(v), "trivial": False, "near_copy": False, "reward": r, "answer_score": 0.0,
+             "valid": bool(v), "executes": bool(v), "trivial": False, "near_copy": False, "workflow_answer": False,
+             "reward": r, "answer_score": 0.0,
              "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 10, "completion_tokens": 5}
             for i, (v, r) in enumerate(zip(valid, reward))]
 
