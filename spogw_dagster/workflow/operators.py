@@ -187,6 +187,13 @@ class Operators:
     async def op_sc_ensemble(self, solutions: list[str]) -> str:
         if len(solutions) == 1:
             return solutions[0]
+        if self.family == "code" and self.problem.public_tests:
+            # select by the public tests first (CodeT-style): the candidates that pass them, when any do, are
+            # the ones voted on; a small coder's samples rarely agree verbatim, but a passing one is likely right
+            passing = [s for s in solutions if (await self._public_tests(s)).passed]
+            if len(passing) == 1:
+                return passing[0]
+            solutions = passing or solutions
         keys = [vote_key(self.family, s) for s in solutions]
         counts = Counter(keys)
         best, n = counts.most_common(1)[0]
@@ -208,18 +215,22 @@ class Operators:
             f"Check the solution for mistakes, then write the corrected complete solution. "
             f"{ANSWER_HINT[self.family]}")
 
+    async def _public_tests(self, solution: str):
+        """The verdict of the query's public tests on `solution` (run in the sandbox; counted as code time)."""
+        sandbox = CodeSandbox(self.iso, self.cfg.code_limits, call_timeout_s=self.cfg.code_limits.wall_s)
+        t0 = time.monotonic()
+        try:
+            return await run_public_tests(self.problem, solution_code(self.problem, solution), sandbox)
+        finally:
+            self.code_s += time.monotonic() - t0
+
     async def op_test(self, solution: str) -> str:
         tests = self.problem.public_tests
         if not tests:
             return solution
-        sandbox = CodeSandbox(self.iso, self.cfg.code_limits, call_timeout_s=self.cfg.code_limits.wall_s)
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
-            t0 = time.monotonic()
-            try:
-                verdict = await run_public_tests(self.problem, solution_code(self.problem, current), sandbox)
-            finally:
-                self.code_s += time.monotonic() - t0
+            verdict = await self._public_tests(current)
             if verdict.passed:
                 return current
             if round_ == self.cfg.test_fix_rounds:
@@ -227,8 +238,10 @@ class Operators:
             failed = [r for r in verdict.records if not r["passed"]]
             failure = "; ".join(f"{r['test']} -> {r['error']}" for r in failed[:3]) or verdict.detail
             failure = failure[-800:]
+            # the task itself, as AFlow's Test operator shows it: a fix that cannot see the spec guesses at it
             text = await self._chat(
+                f"The task:\n\n```python\n{self.problem.question.strip()}\n```\n\n"
                 f"This Python solution fails a test.\n\n```python\n{current}\n```\n\nTests:\n" + "\n".join(tests)
-                + f"\n\nError: {failure}\n\nFix the function. {ANSWER_HINT['code']}")
+                + f"\n\nError: {failure}\n\nFix the function so that it does the task. {ANSWER_HINT['code']}")
             current = solution_code(self.problem, text) or current
         return solution  # nothing passed: the fixes are no better than what we were given

@@ -1,0 +1,61 @@
+"""The code operators' choices, on HumanEval/0 in the real sandbox with a scripted executor: `sc_ensemble` votes
+among the candidates that pass the public tests (when any do), and `test` shows the executor the task."""
+
+from __future__ import annotations
+
+import pytest
+
+from spogw_dagster.benchmarks import load_benchmark
+from spogw_dagster.contracts import ChatResult
+from spogw_dagster.sandboxing import detect_isolation
+from spogw_dagster.workflow.operators import OperatorConfig, Operators
+from spogw_dagster.workflow.template import operator_names
+
+RIGHT = ("def has_close_elements(numbers, threshold):\n"
+         "    s = sorted(numbers)\n"
+         "    return any(b - a < threshold for a, b in zip(s, s[1:]))\n")
+WRONG_A = "def has_close_elements(numbers, threshold):\n    return False\n"
+WRONG_B = "def has_close_elements(numbers, threshold):\n    return True\n"
+
+
+class Recorder:
+    model = "recorder"
+
+    def __init__(self, reply: str):
+        self.reply, self.prompts = reply, []
+
+    async def chat(self, messages, params):
+        self.prompts.append(messages[-1]["content"])
+        return ChatResult(text=self.reply, prompt_tokens=1, completion_tokens=1, latency_s=0.0, model=self.model)
+
+
+@pytest.fixture(scope="module")
+def he0():
+    return next(p for p in load_benchmark("humaneval") if p.id == "HumanEval/0")
+
+
+def _ops(problem, executor) -> Operators:
+    return Operators(problem, executor, detect_isolation(), OperatorConfig(), 0, operator_names("code"))
+
+
+async def test_the_ensemble_returns_the_one_candidate_that_passes_the_public_tests(he0):
+    ex = Recorder("A")  # were it asked, the executor would pick the first (wrong) candidate
+    assert await _ops(he0, ex).call("sc_ensemble", [], {"solutions": [WRONG_A, WRONG_B, RIGHT]}) == RIGHT
+    assert ex.prompts == []  # decided by the tests: no executor call
+
+
+async def test_the_ensemble_votes_among_passing_candidates_and_falls_back_to_all(he0):
+    # two copies of a wrong one and one right one: the wrong pair would win a plain vote
+    assert await _ops(he0, Recorder("A")).call("sc_ensemble", [], {"solutions": [WRONG_A, WRONG_A, RIGHT]}) == RIGHT
+    # none passes: the plain vote decides (the pair of WRONG_B)
+    out = await _ops(he0, Recorder("A")).call("sc_ensemble", [], {"solutions": [WRONG_A, WRONG_B, WRONG_B]})
+    assert out == WRONG_B
+
+
+async def test_the_test_operator_shows_the_task_when_it_asks_for_a_fix(he0):
+    ex = Recorder(f"```python\n{RIGHT}```")
+    fixed = await _ops(he0, ex).call("test", [], {"solution": WRONG_A})
+    assert "sorted(numbers)" in fixed and "return False" not in fixed
+    assert len(ex.prompts) == 1
+    assert "Check if in given list of numbers" in ex.prompts[0]  # the docstring of HumanEval/0's prompt
+    assert WRONG_A.strip() in ex.prompts[0]
