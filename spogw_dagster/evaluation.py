@@ -86,7 +86,8 @@ def _structure(family: str, method: str) -> str:
         raise ValueError(f"the static structure {method!r} is defined for code benchmarks only")
     gen = "await self.code_generate(instruction='')"
     if method == "gen_test":
-        return f"class Workflow:\n    async def run(self):\n        s = {gen}\n        return await self.test(solution=s)\n"
+        return ("class Workflow:\n    async def run(self):\n"
+                f"        s = {gen}\n        return await self.test(solution=s)\n")
     k = int(method[2])
     tail = ("        return await self.test(solution=best)\n" if method.endswith("_test") else "        return best\n")
     return ("class Workflow:\n    async def run(self):\n        solutions = []\n"

@@ -555,3 +555,19 @@ def test_preference_pairs_never_join_two_prompts():
     assert sorted(zip(cand["chosen_idx"], cand["rejected_idx"])) == [(0, 1), (2, 3)]
     probs = dict(zip(zip(cand["chosen_idx"], cand["rejected_idx"]), cand["probability"]))
     assert probs[(0, 1)] == pytest.approx(1 / 1.125) and probs[(2, 3)] == pytest.approx(0.125 / 1.125)
+
+
+def test_a_std_floor_keeps_small_contrasts_small_and_answer_contrasts_whole():
+    compute_advantages = C.compute_advantages
+    # group a: valid 0.15 vs 0.05 (std 0.05); group b: an answer 0.9 vs 0.15 (std 0.375); eps 0
+    members = pl.concat([members_frame("a", [0, 1], [0.15, 0.05]), members_frame("b", [2, 3], [0.9, 0.15])])
+    plain = compute_advantages(members, eps=0.0)["advantage"].to_list()
+    assert plain == pytest.approx([1.0, -1.0, 1.0, -1.0])  # σ-normalised: the same weight for both
+    floored = compute_advantages(members, eps=0.0, std_floor=0.25)["advantage"].to_list()
+    # a: ±0.05 / max(0.05, 0.25) = ±0.2; b: ±0.375 / max(0.375, 0.25) = ±1
+    assert floored == pytest.approx([0.2, -0.2, 1.0, -1.0])
+
+
+def test_the_std_floor_must_lie_in_the_unit_interval():
+    with pytest.raises(ConfigError, match="adv_std_floor"):
+        CurationConfig(adv_std_floor=1.5)

@@ -615,8 +615,8 @@ def sharpen_groups(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def compute_advantages(members: pl.DataFrame, eps: float = 1e-4, ddof: int = 0) -> pl.DataFrame:
-    """Add group_mean, group_std and advantage Â = (s − mean_g)/(std_g + ε), per group_id.
+def compute_advantages(members: pl.DataFrame, eps: float = 1e-4, ddof: int = 0, std_floor: float = 0.0) -> pl.DataFrame:
+    """Add group_mean, group_std and advantage Â = (s − mean_g)/(max(std_g, std_floor) + ε), per group_id.
 
     A group whose std is 0 (possible only with tau_std = 0) gets advantage 0 for every member, also when ε = 0.
     """
@@ -633,7 +633,7 @@ def compute_advantages(members: pl.DataFrame, eps: float = 1e-4, ddof: int = 0) 
     mean = [stats[g][0] for g in gids]
     std = [stats[g][1] for g in gids]
     adv = [
-        0.0 if sd == 0.0 else (s - mu) / (sd + eps)
+        0.0 if sd == 0.0 else (s - mu) / (max(sd, std_floor) + eps)
         for s, mu, sd in zip(members["score"].to_list(), mean, std)
     ]
     return members.with_columns(
@@ -726,7 +726,7 @@ class Sharpening:
 def sharpen(groups: pl.DataFrame, cfg: CurationConfig) -> Sharpening:
     """Top-t and bottom-t of each kept group, then the group-normalised advantages."""
     members, dropped = sharpen_groups(groups, cfg.t, dedup=cfg.dedup_sharpened_groups)
-    return Sharpening(compute_advantages(members, cfg.adv_eps, cfg.std_ddof), dropped)
+    return Sharpening(compute_advantages(members, cfg.adv_eps, cfg.std_ddof, cfg.adv_std_floor), dropped)
 
 
 @dataclass

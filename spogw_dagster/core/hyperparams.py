@@ -78,6 +78,11 @@ class CurationConfig(_FromDict):
     tau_std   screening keeps a group iff its score std >= tau_std (0 keeps every group, also equal-score ones).
               Default 0.05: drops equal-score groups and keeps a 14-group with one workflow at 1/3 (std 0.086).
     adv_eps   the ε in Â = (s − mean)/(std + ε). Default 1e-4, TRL's value.
+    adv_std_floor
+              a floor f on the std in the advantage: Â = (s − mean)/(max(std, f) + ε). Default 0 (plain GRPO). With
+              a reward ladder, σ-normalisation gives a group that differs only in a low rung (valid 0.15 vs
+              0.05) the same ±1 as one that differs in the answer; a floor near the answer's weight / 3 keeps
+              small contrasts small (0.15 vs 0.05 with f = 0.25: ±0.2) and leaves answer contrasts at ±1.
     std_ddof  0 = population std (divide by k), 1 = sample std (divide by k − 1); used for screening and for
               the advantage. Default 0: with 2t = 2 the advantages are exactly ±1/(1+2ε) for distinct scores.
               (TRL's GRPO uses the sample std.)
@@ -96,6 +101,7 @@ class CurationConfig(_FromDict):
     tau_sim: float = 0.95
     tau_std: float = 0.05
     adv_eps: float = 1e-4
+    adv_std_floor: float = 0.0
     std_ddof: int = 0
     dedup_sharpened_groups: bool = False
     seed: int = 0
@@ -104,8 +110,11 @@ class CurationConfig(_FromDict):
         c = type(self).__name__
         for name in ("m", "n", "t", "g_max", "std_ddof", "seed"):
             _require_int(c, name, getattr(self, name))
-        for name in ("tau_sim", "tau_std", "adv_eps"):
+        for name in ("tau_sim", "tau_std", "adv_eps", "adv_std_floor"):
             _require_real(c, name, getattr(self, name))
+        if not 0.0 <= self.adv_std_floor <= 1.0:
+            raise ConfigError(f"{c}.adv_std_floor={self.adv_std_floor}: a floor on the std of scores in [0, 1] "
+                              "must lie in [0, 1]; use 0 for plain GRPO advantages.")
         if not isinstance(self.dedup_sharpened_groups, bool):
             raise ConfigError(f"{c}.dedup_sharpened_groups must be True or False, got {self.dedup_sharpened_groups!r}.")
         if self.t < 1:

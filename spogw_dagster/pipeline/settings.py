@@ -104,7 +104,7 @@ class GeneratorSection(_Section):
     seed: int = 0
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # what the prompt shows besides the operators (workflow/template.PROMPT_STYLES)
-    prompt: Literal["examples", "one_example", "operators"] = "examples"
+    prompt: Literal["examples", "one_example", "operators", "anchored"] = "examples"
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
@@ -265,6 +265,13 @@ class RewardSection(_derived(Ladder)):  # type: ignore[misc]
 
 class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
     """The fields of `core.hyperparams.CurationConfig` (see it for their meaning and defaults)."""
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        d = handler(self)
+        if isinstance(d, dict) and d.get("adv_std_floor") == 0.0:  # the default: older configs keep their hash
+            d.pop("adv_std_floor")
+        return d
 
     def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())

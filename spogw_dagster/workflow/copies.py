@@ -14,7 +14,7 @@ import ast
 import builtins
 from functools import lru_cache
 
-from .template import FEW_SHOT, TEMPLATES, WORKFLOW_HEADER
+from .template import ANCHORED_EXAMPLES, FEW_SHOT, TEMPLATES, WORKFLOW_HEADER
 
 _KEEP = frozenset(dir(builtins)) | {"self", "Workflow"}
 
@@ -68,6 +68,10 @@ def shown_forms(family: str) -> dict[str, str]:
         f = normalized(WORKFLOW_HEADER + body)
         if f is not None:
             forms.setdefault(f, f"example {i}")
+    for i, body in enumerate(ANCHORED_EXAMPLES[family], start=1):  # what the anchored prompt shows
+        f = normalized(WORKFLOW_HEADER + body)
+        if f is not None:
+            forms.setdefault(f, f"anchored example {i}")
     return forms
 
 

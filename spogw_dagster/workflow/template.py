@@ -117,6 +117,35 @@ FEW_SHOT: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# The anchored style (what `anchored` shows): the starting workflow as the thing to improve on, then better
+# structures built from it. No example returns a constant or passes one to an operator: small generators copy
+# what they see, and the earlier examples' `return await self.test(...)` primed `test(solution=<a literal>)`.
+ANCHORED_EXAMPLES: dict[str, tuple[str, ...]] = {
+    "code": (
+        "        solution = await self.code_generate(instruction=\"Write the function.\")\n"
+        "        return await self.test(solution=solution)\n",
+        "        solutions = []\n"
+        "        for i in range(3):\n"
+        "            solutions.append(await self.code_generate(instruction=\"Write the function.\"))\n"
+        "        best = await self.sc_ensemble(solutions=solutions)\n"
+        "        return await self.test(solution=best)\n",
+    ),
+    "math": FEW_SHOT["math"][:2],
+    "qa": FEW_SHOT["qa"][:2],
+}
+
+# What each operator really does, for the anchored prompt (the signatures' one-line docs say less).
+ANCHORED_DOCS: dict[str, str] = {
+    "code_generate": "the executor reads the task and writes a complete solution, following your instruction",
+    "sc_ensemble": ("picks one of several solutions: one that passes the task's example tests, else the one most "
+                    "agree on"),
+    "test": "runs the task's example tests on a solution; if one fails, the executor rewrites it (2 tries)",
+    "custom": "the executor answers the task, following your instruction",
+    "answer_generate": "the executor thinks step by step and gives a short answer",
+    "programmer": "the executor writes and runs a program that computes the answer",
+    "review": "the executor checks a solution and returns a corrected one",
+}
+
 WORKFLOW_HEADER = "class Workflow:\n    async def run(self):\n"
 # The generator's completion is cut here: the next example would start with this line.
 GENERATOR_STOP = ("\nclass ", "\n# Task", "\n```", "\n\n\n")
@@ -148,7 +177,9 @@ def _task_comment(question: str, max_chars: int = 600) -> str:
 #   examples     three whole example workflows (the default; small models copy their shape, and often them)
 #   one_example  one of them, a different one per query (chosen by a hash of the query): less to copy verbatim
 #   operators    no workflow at all: the operators' documentation and how they combine, in words
-PROMPT_STYLES = ("examples", "one_example", "operators")
+#   anchored     the starting workflow as what to improve on, operators described as they behave, two better
+#                structures, and the task as a short summary (no signature or example values to copy)
+PROMPT_STYLES = ("examples", "one_example", "operators", "anchored")
 
 COMPOSITION_NOTES = (
     "# How operators combine: call a solution-writing operator several times (different instructions, or in a\n"
@@ -172,6 +203,8 @@ def generator_prompt(family: str, question: str, style: str = "examples") -> str
     """
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown generator prompt style {style!r}; expected one of {', '.join(PROMPT_STYLES)}")
+    if style == "anchored":
+        return anchored_prompt(family, question)
     parts = [
         "# Workflows are Python classes that solve a task by calling these operators (and nothing else):",
         operator_help(family),
@@ -188,6 +221,49 @@ def generator_prompt(family: str, question: str, style: str = "examples") -> str
         parts.append(f"# Example workflow {k + 1}")
         parts.append(WORKFLOW_HEADER + body)
     parts.append(_task_comment(question))
+    parts.append(WORKFLOW_HEADER + "        ")
+    return "\n".join(parts)
+
+
+def task_summary(family: str, question: str, max_chars: int = 240) -> str:
+    """The task in a few words of prose: for code, the docstring's text without its example lines (`>>>`,
+    outputs) and without the signature, so that the generator is not primed with values to pass around."""
+    text = question
+    if family == "code":
+        import re
+
+        m = re.search(r'("""|\'\'\')(.*?)(\1|$)', question, re.S)
+        doc = m.group(2) if m else question
+        keep = []
+        for line in doc.splitlines():
+            t = line.strip()
+            if t.startswith(">>>") or (keep and not t):
+                break
+            if t:
+                keep.append(t)
+        text = " ".join(keep) or doc
+    q = " ".join(text.split())
+    return q if len(q) <= max_chars else q[: max_chars - 3] + "..."
+
+
+def anchored_prompt(family: str, question: str) -> str:
+    """The `anchored` prompt: improve on the starting workflow (ScoreFlow and AFlow anchor on a template)."""
+    ops = [f"#   await self.{OPERATORS[n].signature}\n#       {ANCHORED_DOCS[n]}" for n in operator_names(family)]
+    parts = [
+        "# A workflow is a Python class whose run() solves a task by calling an executor LLM through these operators:",
+        *ops,
+        "# The workflow never sees the task; the operators show it to the executor, and the executor writes every",
+        "# solution. Instructions are short advice in plain English: no code, no values from the task.",
+        "",
+        "# The starting workflow (one executor call):",
+        TEMPLATES[family].rstrip("\n"),
+        "",
+        "# Workflows that can do better, built from it:",
+    ]
+    for k, body in enumerate(ANCHORED_EXAMPLES[family], start=1):
+        parts.append(f"# Example workflow {k}")
+        parts.append(WORKFLOW_HEADER + body)
+    parts.append(_task_comment(task_summary(family, question)))
     parts.append(WORKFLOW_HEADER + "        ")
     return "\n".join(parts)
 
