@@ -247,23 +247,26 @@ def task_summary(family: str, question: str, max_chars: int = 240) -> str:
 
 
 def anchored_prompt(family: str, question: str) -> str:
-    """The `anchored` prompt: improve on the starting workflow (ScoreFlow and AFlow anchor on a template)."""
+    """The `anchored` prompt: improve on the starting workflow (ScoreFlow and AFlow anchor on a template). The
+    task comes first, as what the executor will be asked, and the prompt ends on workflows, not on the task: a
+    coder model shown a task last writes its solution instead of a workflow (measured on validation)."""
     ops = [f"#   await self.{OPERATORS[n].signature}\n#       {ANCHORED_DOCS[n]}" for n in operator_names(family)]
     parts = [
-        "# A workflow is a Python class whose run() solves a task by calling an executor LLM through these operators:",
+        f"# The executor LLM will be asked to solve this task: {task_summary(family, question)}",
+        "# Write a workflow: a Python class whose run() gets the executor's solution through these operators:",
         *ops,
-        "# The workflow never sees the task; the operators show it to the executor, and the executor writes every",
-        "# solution. Instructions are short advice in plain English: no code, no values from the task.",
+        "# The workflow never sees the task and never solves it itself; it only calls operators. Instructions are",
+        "# short advice in plain English.",
         "",
-        "# The starting workflow (one executor call):",
+        "# Example workflow 1 (the starting workflow: one executor call)",
         TEMPLATES[family].rstrip("\n"),
         "",
-        "# Workflows that can do better, built from it:",
     ]
-    for k, body in enumerate(ANCHORED_EXAMPLES[family], start=1):
-        parts.append(f"# Example workflow {k}")
+    for k, body in enumerate(ANCHORED_EXAMPLES[family], start=2):
+        parts.append(f"# Example workflow {k} (built from it)")
         parts.append(WORKFLOW_HEADER + body)
-    parts.append(_task_comment(task_summary(family, question)))
+    # the last slot is one more example: a small model completes it in the examples' shape
+    parts.append(f"# Example workflow {len(ANCHORED_EXAMPLES[family]) + 2} (built from it, for this task)")
     parts.append(WORKFLOW_HEADER + "        ")
     return "\n".join(parts)
 
