@@ -234,3 +234,55 @@ async def test_the_trace_records_what_produced_each_operator_output(he0):
     assert [(t["op"], t["source"]) for t in res.trace] == [
         ("code_generate", "executor"), ("test", "passthrough"), ("test", "executor")]
     assert res.answer_origin == "executor"
+
+
+class Replies:
+    """Answers every call with `reply`."""
+
+    model = "replies"
+
+    def __init__(self, reply: str):
+        self.reply = reply
+
+    async def chat(self, messages, params):
+        return ChatResult(text=self.reply, prompt_tokens=1, completion_tokens=1, latency_s=0.0, model=self.model)
+
+
+@pytest.mark.parametrize("reply", ["So the total is #### 1,200", "The answer is \\boxed{1{,}200}"])
+async def test_a_math_answer_is_compared_as_the_scorer_reads_it(reply):
+    # the executor writes 1,200; the scorer reads 1200: the same answer, the executor's
+    problem = Problem("gsm8k", "q", "How many?", answer="1200", family="math")
+    code = wf("x = await self.custom(instruction='Solve it.')\nreturn x")
+    r = await evaluate_workflow(code, problem, Replies(reply), detect_isolation())
+    assert (r.answer_origin, r.score) == ("executor", 1.0), r.detail
+
+
+async def test_a_number_the_executor_only_mentions_is_not_its_answer():
+    # the executor lists 1..60 (its answer: 60); the workflow computes 53 itself and returns it
+    problem = Problem("gsm8k", "q", "How many?", answer="53", family="math")
+    code = wf("x = await self.custom(instruction='List the integers.')\nreturn x[:0] + str(17 + 3 * 12)")
+    listing = " ".join(str(i) for i in range(1, 61))
+    r = await evaluate_workflow(code, problem, Replies(listing), detect_isolation())
+    assert (r.answer_origin, r.score) == ("workflow", 0.0)
+
+
+async def test_a_literal_in_another_case_or_padded_with_executor_comments_is_still_the_workflow_s(he0):
+    upper = repr(CORRECT.upper().replace("DEF HAS_CLOSE_ELEMENTS", "DEF has_close_elements"))
+    lowered = wf(f"x = await self.code_generate(instruction='Write the function.')\n"
+                 f"return await self.test(solution={upper}.lower())")
+    padded = wf("x = await self.code_generate(instruction='Write the function.')\n"
+                "c = '# ' + x.replace('\\n', '\\n# ')\n"
+                f"return {SOL} + c + '\\n' + c")
+    for code in (lowered, padded):
+        validate(code, "code")
+        r = await evaluate_workflow(code, he0, FakeCoder(correct=False), detect_isolation())
+        assert r.answer_origin == "workflow" and r.score == 0.0, (r.run_shares, r.detail)
+
+
+def test_comments_are_left_out_of_a_code_answer_and_case_is_folded():
+    from spogw_dagster.workflow.provenance import code_without_comments
+
+    out = code_without_comments("def f(x):  # the executor's words\n    return x  # more\n")
+    assert "executor" not in out and "more" not in out and "return x" in out
+    assert code_without_comments("def f(:\n  # broken") == "def f(:\n  # broken"  # untokenizable: as it is
+    assert tokens("RETURN X") == tokens("return x")

@@ -37,9 +37,10 @@ dictates it in pieces under K tokens, or in another encoding the executor decode
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 __all__ = ["K", "THRESHOLD", "EXECUTOR", "WORKFLOW", "NONE", "Provenance", "Origin", "tokens", "workflow_literals",
            "answer_origin"]
@@ -51,7 +52,21 @@ EXECUTOR, WORKFLOW, NONE = "executor", "workflow", "none"
 
 
 def tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text or "")
+    """Case-folded tokens: a change of case (`.lower()` on an upper-case literal) keeps a text the same text."""
+    return _TOKEN.findall((text or "").casefold())
+
+
+def code_without_comments(code: str) -> str:
+    """`code` without its comments, so that executor-written comments cannot pad an answer the workflow wrote
+    (left as it is when it does not tokenize)."""
+    import io
+    import tokenize
+
+    try:
+        toks = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type != tokenize.COMMENT]
+        return tokenize.untokenize(toks)
+    except (tokenize.TokenError, IndentationError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
 
 
 class NgramIndex:
@@ -136,6 +151,9 @@ class Provenance:
 
     literals: Iterable[str] = ()
     statement: str | None = None  # the problem statement whose tokens are neutral (code problems)
+    # math / QA: the scorer's extractor (`benchmarks.scored_text` bound to the problem); None for code
+    extract: Callable[[str], str] | None = None
+    answers: set[str] = field(default_factory=set)  # what each executor reply would be scored as
     threshold: float = THRESHOLD
     executor: NgramIndex = field(default_factory=NgramIndex)
     workflow: NgramIndex = field(default_factory=NgramIndex)
@@ -158,13 +176,31 @@ class Provenance:
     def replied(self, text: str) -> None:
         """An executor reply."""
         self.executor.add(tokens(text))
+        self._answer_of(text)
+
+    def _answer_of(self, text: str) -> None:
+        if self.extract is not None:  # math / QA: the answer this reply would be scored as
+            with contextlib.suppress(Exception):  # an unreadable reply holds no answer
+                self.answers.add(self.extract(text))
 
     def code_ran(self, program: str, stdout: str) -> bool:
         """A program an operator ran: its output is executor text only when the program is the executor's."""
-        mine = self.origin_of(program).origin == EXECUTOR
+        mine = answer_origin(program, self.executor, self.workflow, self.neutral, self.threshold).origin == EXECUTOR
         if mine:
             self.executor.add(tokens(stdout))
+            self._answer_of(stdout)
         return mine
 
     def origin_of(self, scored: str) -> Origin:
-        return answer_origin(scored, self.executor, self.workflow, self.neutral, self.threshold)
+        """The origin of the answer's scored part. Code: by token coverage, comments left out. Math / QA (with
+        `extract`): the executor's when some executor reply would be scored as this very answer (`answers`; the
+        extractor normalises numbers, "1,200" and "1200" alike) and no window of it is workflow text."""
+        if self.extract is None:
+            return answer_origin(code_without_comments(scored), self.executor, self.workflow, self.neutral,
+                                 self.threshold)
+        if not tokens(scored):
+            return Origin(NONE, 0.0, 0)
+        said = NgramIndex()
+        if scored in self.answers:
+            said.add(tokens(scored))
+        return answer_origin(scored, said, self.workflow, None, self.threshold)

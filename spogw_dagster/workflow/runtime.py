@@ -25,6 +25,7 @@ ends the run as a `runtime_error` whose error starts with INTERNAL_ERROR (logged
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sys
@@ -128,7 +129,9 @@ async def execute_workflow(
             return WorkflowRunResult(e.status, error=e.reason, isolation=iso.name, wall_s=time.monotonic() - t0)
 
     metered = _FaultTimer(executor)
-    prov = Provenance(workflow_literals(code), problem.question if problem.family == "code" else None)
+    code_family = problem.family == "code"
+    prov = Provenance(workflow_literals(code), problem.question if code_family else None,
+                      extract=None if code_family else functools.partial(scored_text, problem))
     ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
                     operator_names(problem.family), prov)
     script = str(runner or runner_path())
