@@ -32,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .evaluation import STATIC_METHODS
+    from .static_methods import STATIC_METHODS, STRUCTURES
 
     ap = argparse.ArgumentParser(prog="spogw", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc, self_refine, multipersona) on N test queries")
     _common(bl)
     bl.add_argument("--method", required=True, choices=list(STATIC_METHODS),
-                    help="an AFlow baseline, or a static structure of the operators (gen_test, sc3, sc3_test, sc5)")
+                    help=f"an AFlow baseline, or a static structure of the operators ({', '.join(STRUCTURES)})")
     bl.add_argument("--limit", type=int, default=20, help="number of queries of the split")
     bl.add_argument("--split", choices=["test", "validation"], default="test",
                     help="score on the test split (default) or the validation split (where choices are made)")

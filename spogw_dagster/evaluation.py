@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from .sandboxing import Isolation, Limits
 from .seeds import derive_seed
+from .static_methods import BASELINE_METHODS, STATIC_METHODS, STRUCTURES  # noqa: F401 (BASELINE_METHODS: API)
 from .contracts import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
@@ -27,11 +28,6 @@ BASELINE_INSTRUCTIONS = {
     "cot": "Let's think step by step.",
 }
 SC_SAMPLES = 3
-BASELINE_METHODS = ("io", "cot", "cot_sc", "self_refine", "multipersona")
-# Static structures built from the operator set (code family), measured beside the baselines to find the
-# headroom a generator can learn: is there a workflow clearly above IO on this executor? (docs/methods.md)
-STRUCTURES = ("gen_test", "sc3", "sc3_test", "sc5")
-STATIC_METHODS = BASELINE_METHODS + STRUCTURES
 
 # Self-Refine (Madaan et al. 2023): a draft, then rounds of feedback on it and a revision that uses the
 # feedback. Two rounds: the paper allows up to four and its gains shrink after the first ones, and every round
@@ -80,20 +76,21 @@ def baseline_workflow(family: str, method: str) -> str:
 
 
 def _structure(family: str, method: str) -> str:
-    """The static structures (code only): `gen_test` one solution through `test`; `scK` K solutions to
-    `sc_ensemble` (which prefers those that pass the public tests); `sc3_test` that pick through `test`."""
+    """The static structures (code only, `static_methods.STRUCTURES`): k solutions, through `sc_ensemble` (which
+    prefers those that pass the public tests) when k > 1, then through `test` when the structure says so."""
     if family != "code":
         raise ValueError(f"the static structure {method!r} is defined for code benchmarks only")
+    k, tested = STRUCTURES[method]
     gen = "await self.code_generate(instruction='')"
-    if method == "gen_test":
-        return ("class Workflow:\n    async def run(self):\n"
-                f"        s = {gen}\n        return await self.test(solution=s)\n")
-    k = int(method[2])
-    tail = ("        return await self.test(solution=best)\n" if method.endswith("_test") else "        return best\n")
-    return ("class Workflow:\n    async def run(self):\n        solutions = []\n"
-            f"        for i in range({k}):\n"
-            f"            solutions.append({gen})\n"
-            "        best = await self.sc_ensemble(solutions=solutions)\n" + tail)
+    if k == 1:
+        out, body = "s", f"        s = {gen}\n"
+    else:
+        out, body = "best", ("        solutions = []\n"
+                             f"        for i in range({k}):\n"
+                             f"            solutions.append({gen})\n"
+                             "        best = await self.sc_ensemble(solutions=solutions)\n")
+    tail = f"        return await self.test(solution={out})\n" if tested else f"        return {out}\n"
+    return "class Workflow:\n    async def run(self):\n" + body + tail
 
 
 # The workflow never sees the query: the operator puts the query after the instruction (and, for code, asks

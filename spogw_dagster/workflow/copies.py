@@ -64,14 +64,12 @@ def shown_forms(family: str) -> dict[str, str]:
     t = normalized(TEMPLATES[family])
     if t is not None:
         forms[t] = "template"
-    for i, body in enumerate(FEW_SHOT[family], start=1):
+    shown = [(f"example {i}", b) for i, b in enumerate(FEW_SHOT[family], start=1)]
+    shown += [(f"anchored example {i}", b) for i, b in enumerate(ANCHORED_EXAMPLES[family], start=1)]
+    for label, body in shown:
         f = normalized(WORKFLOW_HEADER + body)
         if f is not None:
-            forms.setdefault(f, f"example {i}")
-    for i, body in enumerate(ANCHORED_EXAMPLES[family], start=1):  # what the anchored prompt shows
-        f = normalized(WORKFLOW_HEADER + body)
-        if f is not None:
-            forms.setdefault(f, f"anchored example {i}")
+            forms.setdefault(f, label)
     return forms
 
 

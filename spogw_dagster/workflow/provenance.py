@@ -15,10 +15,13 @@ The rule, decided at run time by the parent (the workflow cannot reach any of th
   every operator argument *at the moment it is sent*, minus what is already executor text then. So a
   literal the executor is asked to echo is workflow text before the executor ever repeats it, while a draft
   the executor wrote and the workflow hands to `review` stays the executor's.
-- Texts are compared as sequences of tokens (identifiers, numbers, single punctuation characters; layout
-  and whitespace ignored) through their K-grams (K = 4; an answer shorter than K is one window).
-  A token of the answer is *executor-credited* when some K-gram of the answer containing it occurs in E and
-  none occurs in W.
+- Texts are compared as sequences of case-folded tokens (identifiers, numbers, single punctuation
+  characters; layout and whitespace ignored) through their K-grams (K = 4; an answer shorter than K is one
+  window). A token of the answer is *executor-credited* when some K-gram of the answer containing it occurs in
+  E and none occurs in W. A code answer is judged without its comments.
+- Math and QA: E is the set of answers the executor's replies would be scored as (the scorer's extractor
+  normalises "1,200" and "1200" alike), so the answer is credited only when some reply answers it; a number a
+  reply merely mentions is not its answer.
 - The answer is what the scorer reads (`benchmarks.scored_text`: the tested code, the extracted number or
   short answer). For code, tokens covered by the problem statement (the signature and docstring any answer
   repeats) are neutral and left out, so the *substance* is the body; when nothing but the statement is left,
@@ -146,8 +149,8 @@ def answer_origin(scored: str, executor: NgramIndex, workflow: NgramIndex, neutr
 
 @dataclass
 class Provenance:
-    """One run's record: what the executor wrote, what the workflow carried, and where each operator output
-    came from (`sources`, in call order: executor | code_run | passthrough)."""
+    """One run's record: what the executor wrote and what the workflow carried (each operator output's source
+    is in the run's trace: `operators.Operators._source`)."""
 
     literals: Iterable[str] = ()
     statement: str | None = None  # the problem statement whose tokens are neutral (code problems)

@@ -28,6 +28,12 @@ COST_METRICS = {"executor_calls": "llm_calls", "cached_calls": "cached_calls", "
 METRICS = ("answer_score", *RATE_METRICS, "mean_reward", "distinct_per_query", "executor_errors", *COST_METRICS)
 
 
+def _complete(rows: pl.DataFrame, col: str) -> bool:
+    """Whether every row has `col`: rows written before a metric existed lack it (absent, or null where
+    partitions of both kinds were concatenated), and that metric is then left out, not guessed."""
+    return col in rows.columns and rows[col].null_count() == 0
+
+
 def _per_query(rows: pl.DataFrame, col: str) -> list[list[float]]:
     g = rows.group_by("query_id", maintain_order=True).agg(pl.col(col).cast(pl.Float64()).alias("v"))
     return [list(v) for v in g.sort("query_id")["v"].to_list()]
@@ -63,8 +69,8 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
                 "checkpoint_iteration": first["checkpoint_iteration"], "adapter_sha256": first["adapter_sha256"],
                 "config_hash": config_hash, "split_ids_sha256": split_ids_sha256}
         for metric, col in {**RATE_METRICS, **MEAN_METRICS}.items():
-            if col not in scored.columns or scored[col].null_count():
-                continue  # rows written before the metric existed: left out, not guessed
+            if not _complete(scored, col):
+                continue
             clusters = _per_query(scored, col)
             if metric in RATE_METRICS:
                 v, lo, hi, _ = stats.clustered_wilson(clusters)
@@ -73,7 +79,7 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
                 v, lo, hi = stats.cluster_bootstrap_mean(clusters, resamples=resamples, seed=seed)
                 method = "cluster_bootstrap"
             row = {**base, "metric": metric, "value": v, "ci_low": lo, "ci_high": hi, "ci_method": method}
-            if has_prev and col in prev.columns and not prev[col].null_count():
+            if has_prev and _complete(prev, col):
                 a, b = paired_per_query(scored, prev, col)
                 if a:
                     d, dlo, dhi = stats.paired_bootstrap_diff(a, b, resamples=resamples, seed=seed)
@@ -225,10 +231,7 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
 
     key = ["mode", "query_id", "sample_idx"]
     ok = pl.col("status") != Status.EXECUTOR_ERROR.value
-    # rows written before a metric existed (near_copy) lack its column: that metric is left out, not guessed
-    # (absent, or null where partitions of both kinds were concatenated)
-    metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items()
-               if c in a.columns and c in b.columns and a[c].null_count() == 0 and b[c].null_count() == 0}
+    metrics = {m: c for m, c in {**RATE_METRICS, **MEAN_METRICS}.items() if _complete(a, c) and _complete(b, c)}
     cols = key + ["seed", "exec_seed", *metrics.values()]
     j = a.filter(ok).select(cols).join(b.filter(ok).select(cols), on=key, how="inner", suffix="_b")
     differs = pl.col("exec_seed") != pl.col("exec_seed_b")
