@@ -68,13 +68,14 @@ def test_comparison_settings_do_not_change_the_loops_config_hash():
     assert a.hash == b.hash  # `spogw run` must not rerun its iterations because the comparison changed
 
 
-def _rows(system: str, kind: str, valid: list[int], reward: list[float]) -> list[dict]:
+def _rows(system: str, kind: str, valid: list[int], reward: list[float], answer: list[float] | None = None) -> list[dict]:
+    answer = answer if answer is not None else [0.0] * len(valid)
     return [{"iteration": 1, "split": "test", "system": system, "kind": kind, "mode": "greedy", "greedy": True,
              "query_id": f"q{i}", "sample_idx": 0, "seed": 7, "exec_seed": 11, "status": "ok" if v else "invalid",
              "valid": bool(v), "executes": bool(v), "trivial": False, "near_copy": False, "workflow_answer": False,
-             "reward": r, "answer_score": 0.0,
+             "reward": r, "answer_score": a,
              "llm_calls": 1, "cached_calls": 0, "prompt_tokens": 10, "completion_tokens": 5}
-            for i, (v, r) in enumerate(zip(valid, reward))]
+            for i, (v, r, a) in enumerate(zip(valid, reward, answer))]
 
 
 def _run(method: str, n: int) -> MethodRun:
@@ -106,32 +107,70 @@ def test_table_values_and_paired_differences_to_the_reference():
     assert set(t["kind"].to_list()) == {"method"}
 
 
-def test_holm_columns_over_the_table_family():
-    # grpo beats spogw on 6 of 8 queries for valid and by 0.4 there in reward; rwr equals spogw everywhere
-    # (every paired difference 0: bootstrap p = 1). The family is every (method, mode, metric) difference.
-    sp_v, sp_r = [0, 0, 0, 0, 0, 0, 1, 1], [.1, .1, .1, .1, .1, .1, .5, .5]
-    heldout = tables.heldout_frame(_rows("spogw", "method", sp_v, sp_r)
-                                   + _rows("grpo", "method", [1, 1, 1, 1, 1, 1, 1, 1], [.5] * 8)
-                                   + _rows("rwr", "method", sp_v, sp_r))
+def test_holm_family_is_the_answer_score_of_the_trained_methods():
+    # grpo answers all 8 queries, spogw 2 of them (a planted effect on the answer); grpo is also valid on 6 more
+    # queries; rwr equals spogw everywhere (every paired difference 0: bootstrap p = 1)
+    sp_v, sp_r, sp_a = [0, 0, 0, 0, 0, 0, 1, 1], [.1, .1, .1, .1, .1, .1, .5, .5], [0, 0, 0, 0, 0, 0, 1, 1]
+    heldout = tables.heldout_frame(_rows("spogw", "method", sp_v, sp_r, sp_a)
+                                   + _rows("grpo", "method", [1] * 8, [.5] * 8, [1.0] * 8)
+                                   + _rows("rwr", "method", sp_v, sp_r, sp_a))
     t = comparison_frame(heldout, [_run("spogw", 4), _run("grpo", 6), _run("rwr", 4)], reference="spogw",
                          iteration=1, parent_sha256="P", config_hash="C", split_ids_sha256="S",
                          resamples=4000, seed=0)
-    fam = t.filter(pl.col("p_value").is_not_null())
-    metrics = len(report_stats.RATE_METRICS) + len(report_stats.MEAN_METRICS)
-    assert fam.height == 2 * metrics and set(fam["family_size"].to_list()) == {2 * metrics}  # grpo and rwr
+    fam = t.filter(pl.col("p_holm").is_not_null())
+    # the family: answer_score of grpo and rwr (one mode): m = 2, B = max(4000, 10 * 2 / 0.05 = 400)
+    assert sorted(fam["method"].to_list()) == ["grpo", "rwr"] and set(fam["metric"].to_list()) == {"answer_score"}
+    assert set(fam["family_size"].to_list()) == {2} and set(fam["p_resamples"].to_list()) == {4000}
+    # diagnostics: an unadjusted p-value, no Holm columns
+    diag = t.filter((pl.col("metric") == "valid_rate") & (pl.col("method") == "grpo")).row(0, named=True)
+    assert diag["p_value"] == pytest.approx(2 / 4001) and diag["p_holm"] is None and diag["family_size"] is None
     assert t.filter(pl.col("method") == "spogw")["p_value"].null_count() == t.filter(pl.col("method") == "spogw").height
-    rwr = fam.filter(pl.col("method") == "rwr")
-    assert set(rwr["p_value"].to_list()) == {1.0} and set(rwr["p_holm"].to_list()) == {1.0}
-    g = fam.filter((pl.col("method") == "grpo") & (pl.col("metric") == "valid_rate")).row(0, named=True)
+    rwr = fam.filter(pl.col("method") == "rwr").row(0, named=True)
+    assert rwr["p_value"] == 1.0 and rwr["p_holm"] == 1.0
+    g = fam.filter(pl.col("method") == "grpo").row(0, named=True)
     # differences (1,1,1,1,1,1,0,0): no resample of 8 queries has mean <= 0 unless it draws only the last two,
     # (2/8)^8 ~ 1.5e-5, so k = 0 of B = 4000 and p = 2 (1 + 0) / 4001, never 0; Holm multiplies the smallest
-    # by the family size
+    # by the family size 2
     assert g["p_value"] == pytest.approx(2 / 4001)
-    assert g["p_holm"] == pytest.approx(2 * metrics * 2 / 4001) and g["p_holm"] < 0.05
-    assert g["holm_ci_low"] > 0 and g["holm_level"] >= 0.95
+    assert g["p_holm"] == pytest.approx(2 * 2 / 4001) and g["p_holm"] < 0.05
+    assert g["holm_ci_low"] > 0 and g["holm_level"] == pytest.approx(1 - 0.05 / 2)
     # the Holm interval is never narrower than the 95% one
     assert all(r["holm_ci_low"] <= r["diff_ci_low"] + 1e-12 and r["holm_ci_high"] >= r["diff_ci_high"] - 1e-12
                for r in fam.iter_rows(named=True))
+
+
+def test_a_planted_effect_is_rejected_even_when_the_configured_resamples_could_not():
+    # six trained methods beside spogw on 30 queries; "planted" answers 20 queries spogw misses, the other five
+    # answer exactly what spogw does. With the configured B = 200 the smallest p is 2/201 ~ 0.00995, above
+    # Holm's first threshold 0.05/6 ~ 0.0083: nothing could be rejected. The family's B is
+    # max(200, 10 * 6 / 0.05 = 1200), p = 2/1201 and p_holm = 6 * 2/1201 ~ 0.010 < 0.05.
+    ref_a = [1.0] * 5 + [0.0] * 25
+    planted = [1.0] * 25 + [0.0] * 5
+    rows = _rows("spogw", "method", [1] * 30, [.5] * 30, ref_a) + _rows("planted", "method", [1] * 30, [.5] * 30, planted)
+    names = ["planted"] + [f"null{i}" for i in range(5)]
+    for n in names[1:]:
+        rows += _rows(n, "method", [1] * 30, [.5] * 30, ref_a)
+    t = comparison_frame(tables.heldout_frame(rows), [_run("spogw", 4)] + [_run(n, 4) for n in names],
+                         reference="spogw", iteration=1, parent_sha256="P", config_hash="C", split_ids_sha256="S",
+                         resamples=200, seed=0)
+    fam = t.filter(pl.col("p_holm").is_not_null())
+    assert fam.height == 6 and set(fam["p_resamples"].to_list()) == {1200}
+    p = fam.filter(pl.col("method") == "planted").row(0, named=True)
+    assert p["p_value"] == pytest.approx(2 / 1201) and p["p_holm"] == pytest.approx(6 * 2 / 1201)
+    assert p["p_holm"] < 0.05 and p["holm_ci_low"] > 0
+    assert all(r["p_holm"] == 1.0 for r in fam.filter(pl.col("method") != "planted").iter_rows(named=True))
+
+
+def test_resamples_for_family_by_hand():
+    from spogw_dagster.core import stats
+
+    assert stats.resamples_for_family(6, 2000) == 2000  # 10 * 6 / 0.05 = 1200 < 2000
+    assert stats.resamples_for_family(72, 2000) == 14400  # the old family of 72: 10 * 72 / 0.05
+    assert stats.resamples_for_family(0, 300) == 300
+    for m in (1, 6, 72):  # the smallest attainable p is below Holm's first threshold
+        assert 2 / (stats.resamples_for_family(m, 100) + 1) < 0.05 / m
+    with pytest.raises(ValueError, match="margin"):
+        stats.resamples_for_family(3, 100, margin=2)
 
 
 def test_holm_by_hand():

@@ -350,10 +350,16 @@ def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeyp
     assert methods["parent_adapter_sha256"].unique().to_list() == [ckpt0["adapter_sha256"]]
     ex = {r["method"]: r for r in methods.filter(pl.col("metric") == "valid_rate").iter_rows(named=True)}
     # spogw is the loop's own checkpoint 1 (same config and data); grpo trains on the same sharpened rows;
-    # rwr on every scored candidate once (d x m = 8)
+    # rwr on each candidate W4S keeps once: it ran (status ok) and its answer score is above 0.05
     assert ex["spogw"]["reused"] == "lora_checkpoint"
     assert ex["grpo"]["n_examples"] == ex["spogw"]["n_examples"] == store.read_parquet("sharpened_groups", "0001").height
-    assert ex["rwr"]["n_examples"] == 8
+    scores1 = store.read_parquet("execution_scores", "0001")
+    kept = scores1.filter((pl.col("status") == "ok") & (pl.col("answer_score") > 0.05)).height
+    assert ex["rwr"]["n_examples"] == kept
+    # the headline family: the answer score of the trained methods only, with B sized to it
+    fam = methods.filter(pl.col("p_holm").is_not_null())
+    assert set(fam["metric"].to_list()) <= {"answer_score"}
+    assert all(2 / (r["p_resamples"] + 1) < 0.05 / r["family_size"] for r in fam.iter_rows(named=True))
     # spogw's held-out rows are the report's rows of spogw@0001, sample for sample
     side = store.read_parquet("comparison_heldout", "0001")
     mine = side.filter(pl.col("system") == "spogw").sort(["mode", "query_id", "sample_idx"])

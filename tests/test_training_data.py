@@ -1,5 +1,5 @@
-"""The baselines' data paths, as their papers feed them (issue 9): ScoreFlow's Score-DPO pairs over each query's
-full scored candidate set, W4S's every-candidate-once RWR, log-probs at T = 1 for both (the GRPO family keeps
+"""The baselines' data paths, as their papers feed them (issues 9 and 38): ScoreFlow's Score-DPO pairs over each
+query's workflows that ran, compared on the answer; W4S's RWR on each candidate that ran and scored above 0.05, once; log-probs at T = 1 for both (the GRPO family keeps
 the sampling temperature), and the training_rows side table in the DuckDB catalog. Values by hand."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tiny_llama import save_tiny_llama, tiny_llama
 ROWS = [  # query, sample_idx, score, status, workflow
     ("a", 0, 1.0, "ok", "return await self.code_generate(instruction='x')"),
     ("a", 1, 0.5, "ok", "s = await self.code_generate(instruction='y')\nreturn s"),
-    ("a", 2, 0.0, "runtime_error", "return foo()"),
+    ("a", 2, 0.0, "ok", "return await self.custom(input='x', instruction='y')"),
     ("a", 3, None, "executor_error", "return await self.code_generate(instruction='z')"),
     ("b", 0, 0.3, "ok", "return await self.code_generate(instruction='x')"),
     ("b", 1, 0.3, "ok", "return await self.code_generate(instruction='x')"),
@@ -51,15 +51,27 @@ def _samples() -> pl.DataFrame:
                         schema_overrides={"score": pl.Float64()})
 
 
+# Only in the pipeline's frames: a workflow that did not run, whose ladder score (0.3: format, valid) would beat
+# a2's; neither paper trains on it
+NOT_RUN = ("a", 4, 0.3, "runtime_error", "return foo()")
+
+
+def _ladder(answer: float, status: str) -> float:
+    """The pipeline frames' training reward: a ladder 0.25 + 0.75 · answer for a run, so ladder and answer differ."""
+    return 0.25 + 0.75 * answer if status == "ok" else answer
+
+
 def _pipeline_frames() -> tuple[pl.DataFrame, pl.DataFrame]:
-    """sampled_workflows and execution_scores rows of the same candidates (what lora_checkpoint reads)."""
+    """sampled_workflows and execution_scores rows of the same candidates (what lora_checkpoint reads): the
+    ROWS' scores as answer_score, a ladder score as score, and NOT_RUN."""
     sampled, scores = [], []
-    for q, i, s, st, wf in ROWS:
+    for q, i, s, st, wf in ROWS + [NOT_RUN]:
         sampled.append({"iteration": 0, "query_id": q, "sample_idx": i, "prompt": f"prompt {q}",
                         "completion": f"completion {q}{i}", "workflow": wf, "parse_status": "ok",
                         "completion_token_ids": [100 + i, 200 + i], "logprobs": [-1.0, -2.0], "n_tokens": 2})
+        a = 0.0 if s is None or st != "ok" else s
         scores.append({"iteration": 0, "query_id": q, "sample_idx": i, "status": st,
-                       "score": 0.0 if s is None else s, "answer_score": 0.0 if s is None else s})
+                       "score": s if st != "ok" else _ladder(a, st), "answer_score": a})
     return tables.typed_frame(sampled, tables.SAMPLED_SCHEMA), tables.execution_frame(scores)
 
 
@@ -109,7 +121,7 @@ def test_pair_budget_and_empirical_frequencies():
     assert C.sample_preference_pairs(usable, 50, seed=1).equals(C.sample_preference_pairs(usable, 50, seed=1))
 
 
-def test_score_dpo_training_data_is_explicit_pairs_over_the_full_candidate_set():
+def test_score_dpo_training_data_is_explicit_pairs_of_workflows_that_ran_on_the_answer():
     sampled, scores = _pipeline_frames()
     ocfg = ObjectiveConfig(objective="score_dpo", dpo_num_pairs=40)
     examples, rows = training_inputs.score_dpo_training_data(sampled, scores, ocfg, iteration=0)
@@ -121,7 +133,10 @@ def test_score_dpo_training_data_is_explicit_pairs_over_the_full_candidate_set()
         w, l = examples[2 * k], examples[2 * k + 1]
         assert (w.role, l.role) == ("chosen", "rejected") and w.group_id == l.group_id == f"pair:{k}"
         assert w.score > l.score and w.prompt == l.prompt == "prompt a"
-    assert 3 not in rows["sample_idx"].to_list() and set(rows["query_id"]) == {"a"}
+    # the executor error and the workflow that did not run (ladder 0.3 > a2's 0.25) never pair
+    assert not {3, 4} & set(rows["sample_idx"].to_list()) and set(rows["query_id"]) == {"a"}
+    # compared on the answer (1, 0.5, 0), not on the ladder (1, 0.625, 0.25)
+    assert {e.score for e in examples} <= {1.0, 0.5, 0.0} and set(rows["score"].to_list()) <= {1.0, 0.5, 0.0}
     for r in rows.iter_rows(named=True):
         pair = (r["sample_idx"], rows["sample_idx"][r["example_idx"] + 1]) if r["role"] == "chosen" else None
         if pair:
@@ -145,29 +160,52 @@ def test_rwr_weights_by_hand():
     assert got[("a", 0)] == pytest.approx(12.182494, abs=1e-6) and got[("a", 1)] == pytest.approx(3.490343, abs=1e-6)
 
 
-def test_rwr_training_data_uses_every_candidate_once():
+def test_rwr_training_data_uses_each_kept_candidate_once():
     sampled, scores = _pipeline_frames()
     ocfg = ObjectiveConfig(objective="rwr", rwr_reward="score")  # the absolute ladder score as r
     examples, rows = training_inputs.rwr_training_data(sampled, scores, ocfg, iteration=0)
     keys = rows.select("query_id", "sample_idx").rows()
-    assert keys == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]  # each usable candidate once, no groups
-    assert len(set(keys)) == len(keys) == len(examples) == 5
-    assert set(rows["role"]) == {"candidate"} and rows["group_id"].null_count() == 5
-    assert dict(zip(keys, rows["weight"].to_list())) == pytest.approx(RWR_W, abs=1e-9)
-    assert [e.score for e in examples] == [1.0, 0.5, 0.0, 0.3, 0.3]
-    assert [e.completion for e in examples] == ["completion a0", "completion a1", "completion a2",
-                                                "completion b0", "completion b1"]
+    # W4S keeps what ran with an answer above 0.05: not a2 (answer 0), a3 (executor error), a4 (did not run)
+    assert keys == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert len(set(keys)) == len(keys) == len(examples) == 4
+    assert set(rows["role"]) == {"candidate"} and rows["group_id"].null_count() == 4
+    # r = the ladder 0.25 + 0.75 · answer: 1, 0.625, 0.475, 0.475; weight exp(r / 0.4)
+    assert rows["weight"].to_list() == pytest.approx([math.exp(2.5), math.exp(1.5625)] + [math.exp(1.1875)] * 2)
+    assert [e.score for e in examples] == pytest.approx([1.0, 0.625, 0.475, 0.475])
+    assert [e.completion for e in examples] == ["completion a0", "completion a1", "completion b0", "completion b1"]
+
+
+def test_the_papers_filters_by_hand():
+    sampled, scores = _pipeline_frames()
+    cands = training_inputs.training_candidates(sampled, scores)
+    assert cands.select("sample_idx", "status").rows() == [(0, "ok"), (1, "ok"), (2, "ok"), (4, "runtime_error"),
+                                                            (0, "ok"), (1, "ok")]
+    # ScoreFlow: the four that ran (a0-a2, b0-b1 minus nothing), score = the answer, the ladder kept beside
+    dpo = C.score_dpo_candidates(cands)
+    assert dpo.select("query_id", "sample_idx", "score", "ladder_score").rows() == [
+        ("a", 0, 1.0, 1.0), ("a", 1, 0.5, 0.625), ("a", 2, 0.0, 0.25), ("b", 0, 0.3, 0.475), ("b", 1, 0.3, 0.475)]
+    # W4S: ran and answer > 0.05 (0.05 itself is dropped: "accuracy <= 0.05")
+    assert C.w4s_kept_candidates(cands).select("query_id", "sample_idx").rows() == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    edge = cands.with_columns(pl.when(pl.col("sample_idx") == 1).then(0.05).otherwise(pl.col("answer_score"))
+                              .alias("answer_score"))
+    assert (("a", 1) not in C.w4s_kept_candidates(edge).select("query_id", "sample_idx").rows())
+    with pytest.raises(ValueError, match="answer_score"):
+        C.score_dpo_candidates(cands.drop("answer_score"))
+    with pytest.raises(ValueError, match="answer_score"):
+        C.w4s_kept_candidates(cands.drop("answer_score"))
 
 
 def test_rwr_default_is_the_w4s_reward():
-    # one turn: no history, so best so far = previous = 0. Answers a: 1, 0.5, 0 -> 1, 1, 0 - 0.1;
-    # b: 0.3, 0.3 -> 1, 1 (0.3 is not below 0.3). The executor error (a, 3) has no reward and trains not.
+    # one turn: no history, so best so far = previous = 0. Answers a: 1, 0.5 -> 1, 1 (a2's 0 would get 0 - 0.1,
+    # but W4S drops it: accuracy <= 0.05); b: 0.3, 0.3 -> 1, 1 (0.3 is not below 0.3). The executor error (a, 3)
+    # has no reward, and the workflow that did not run (a, 4) is dropped: neither trains.
     sampled, scores = _pipeline_frames()
     examples, rows = training_inputs.rwr_training_data(sampled, scores, ObjectiveConfig(objective="rwr"), iteration=0)
-    assert rows.select("query_id", "sample_idx").rows() == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1)]
-    assert rows["score"].to_list() == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
-    assert [e.score for e in examples] == pytest.approx([1.0, 1.0, -0.1, 1.0, 1.0])
-    assert rows["weight"].to_list() == pytest.approx([math.exp(2.5)] * 2 + [math.exp(-0.25)] + [math.exp(2.5)] * 2)
+    assert rows.select("query_id", "sample_idx").rows() == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert rows["score"].to_list() == pytest.approx([1.0] * 4)
+    assert [e.score for e in examples] == pytest.approx([1.0] * 4)
+    assert rows["weight"].to_list() == pytest.approx([math.exp(2.5)] * 4)
     with pytest.raises(Exception, match="rwr_reward"):
         ObjectiveConfig(objective="rwr", rwr_reward="ladder")
 
@@ -191,7 +229,7 @@ def test_spogw_keeps_the_sharpened_path_and_training_rows_reach_the_catalog(tmp_
     write_training_rows(store, "0002", training_inputs.score_dpo_training_data(
         sampled, scores, ObjectiveConfig(dpo_num_pairs=4), 2)[1])
     assert query(store, "select objective, count(*) from training_rows group by 1 order by 1") == [
-        ("rwr", 5), ("score_dpo", 8), ("spogw", 2)]
+        ("rwr", 4), ("score_dpo", 8), ("spogw", 2)]  # rwr: the four W4S keeps
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ their drop reasons (`count_reasons`). `curate` runs both and returns a `Curation
 
 The baselines are fed as their papers feed them, from the full scored candidate set (`scored_candidates`: steps
 1–2 only) instead of steps 3–7: `sample_preference_pairs` is ScoreFlow's Score-DPO data (pairs over each query's
-candidates, drawn ∝ (s_w − s_l)^power, a fixed budget per iteration; `preference_pair_candidates` gives the
-probability of each candidate pair), `rwr_candidates` is W4S's (every candidate once, weight exp(r/T)).
+workflows that ran, compared on the answer: `score_dpo_candidates`; drawn ∝ (s_w − s_l)^power, a fixed budget
+per iteration; `preference_pair_candidates` gives the probability of each candidate pair), `rwr_candidates` is
+W4S's (each candidate W4S keeps, `w4s_kept_candidates`: it ran and scored above 0.05; once, weight exp(r/T)).
 
 Choices where the specification is silent (each is documented again at its function):
 
@@ -88,6 +89,9 @@ __all__ = [
     "preference_pair_candidates",
     "scored_candidates",
     "rwr_candidates",
+    "score_dpo_candidates",
+    "w4s_kept_candidates",
+    "W4S_MIN_ACCURACY",
 ]
 
 # --------------------------------------------------------------------------------------------------------------
@@ -788,10 +792,44 @@ def scored_candidates(samples: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
 
     Near-duplicates are **not** excluded, following ScoreFlow: its pair builder (`evaluate.py`) forms all pairs
     among a query's workflows; its only similarity check compares each workflow with the *template* (novelty,
-    `sim_threshold`, 1.1 = off for HumanEval/MBPP), never two workflows with each other. W4S likewise stores
-    every sampled candidate with its reward. So the same workflow sampled twice counts twice, as in both papers.
+    `sim_threshold`, 1.1 = off for HumanEval/MBPP), never two workflows with each other; W4S neither. So the
+    same workflow sampled twice counts twice, as in both papers. Each paper then keeps only some candidates:
+    `score_dpo_candidates` (ScoreFlow) and `w4s_kept_candidates` (W4S).
     """
     return exclude_executor_errors(validate_samples(samples))
+
+
+def score_dpo_candidates(df: pl.DataFrame) -> pl.DataFrame:
+    """What ScoreFlow forms its pairs from: workflows that ran (status ok), scored on the benchmark's answer.
+
+    ScoreFlow regenerates a workflow until it runs on a smoke input, so every candidate it pairs runs, and its
+    score is the answer (the mean of 3 executor runs); a ladder score (format, valid, executes) never enters
+    its pairs. We cannot regenerate inside one iteration's data, so a workflow that did not run (invalid,
+    runtime error, timeout, no answer) is left out instead: a query keeps fewer candidates. Needs the
+    `answer_score` column; `score` becomes the answer score, the ladder score is kept as `ladder_score`."""
+    if "answer_score" not in df.columns:
+        raise ValueError("score_dpo_candidates needs an answer_score column (execution_scores has one)")
+    ok = df.filter(pl.col("status") == Status.OK.value)
+    bad = ok.filter(pl.col("answer_score").is_null() | pl.col("answer_score").is_nan())
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise ValueError(f"{bad.height} workflow(s) ran but have no answer score, e.g. {r['query_id']!r}/"
+                         f"{r['sample_idx']}: rematerialize execution_scores")
+    return ok.rename({"score": "ladder_score"}).with_columns(pl.col("answer_score").alias("score"))
+
+
+# W4S drops a candidate whose validation accuracy is at most this (src/agent/meta_agent.py), and one whose code
+# still fails after its self-check repairs: only candidates that ran and reached some accuracy are stored
+W4S_MIN_ACCURACY = 0.05
+
+
+def w4s_kept_candidates(df: pl.DataFrame, min_accuracy: float = W4S_MIN_ACCURACY) -> pl.DataFrame:
+    """The candidates W4S keeps as training data: status ok (it ran; a candidate whose error persisted after
+    its repairs did not) and an answer score above `min_accuracy` (W4S: > 0.05). On a 0/1 metric with one
+    executor run this keeps the correct answers only. Needs the `answer_score` column."""
+    if "answer_score" not in df.columns:
+        raise ValueError("w4s_kept_candidates needs an answer_score column (execution_scores has one)")
+    return df.filter((pl.col("status") == Status.OK.value) & (pl.col("answer_score").fill_nan(None) > min_accuracy))
 
 
 def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataFrame:

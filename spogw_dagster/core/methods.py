@@ -3,10 +3,10 @@ fields changed, so every method sees the same iteration's data, seeds and parent
 
     spogw               ioGRPO + mKL as configured (the reference every other method is compared with)
     grpo, grpo_nokl     plain GRPO with its KL on every row; without any KL
-    score_dpo           ScoreFlow: pairs over the full scored candidate set ∝ (s_w − s_l)^3, log-probs at T = 1,
+    score_dpo           ScoreFlow: pairs of workflows that ran, on the answer, ∝ (s_w − s_l)^3, log-probs at T = 1,
                         at ScoreFlow's training settings (lr 1e-6, 1 epoch, one pair per step: DPOConfig's
                         defaults, which its optimize.py keeps)
-    rwr                 W4S: every scored candidate once, weight exp(r / 0.4) with W4S's history-relative r,
+    rwr                 W4S: each candidate that ran with answer > 0.05, once, weight exp(r / 0.4) (history-relative r),
                         log-probs at T = 1, at W4S's settings (lr 2e-5 from its train.py; 3 epochs and batch 8:
                         Hugging Face Trainer's defaults, which its train.py does not change)
     w4s                 W4S as a whole: its own data of the iteration from 2 turns of 5 candidates (T = 0.5,

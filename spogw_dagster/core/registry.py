@@ -16,7 +16,7 @@ The fields:
     data                  what it trains on: "groups" (the sharpened groups with their advantages Â; the
                           GRPO family), "pairs" (ScoreFlow's (chosen, rejected) pairs over each query's scored
                           candidates; every row has a role and a pair's rows share a micro-batch) or
-                          "candidates" (every scored candidate once, with its reward; W4S)
+                          "candidates" (each kept candidate once, with its reward; W4S)
     uses_old              reads π_old (the clipped ratio π_θ/π_old)
     ref                   when it reads π_ref: "never", "kl" (when its effective β > 0) or "always"
     kl                    whether `beta` applies (False: the effective β is 0)
@@ -128,7 +128,7 @@ register(Objective("grpo_nokl", f"{_LOSSES}:_run_grpo_nokl", data="groups", uses
 register(Objective("score_dpo", f"{_LOSSES}:_run_score_dpo", data="pairs", ref="always",
                    logprob_temperature=1.0, uses_scores=True,
                    description="ScoreFlow's Score-DPO on pairs drawn ∝ (s_w − s_l)^power",
-                   no_data="no training examples: no scored candidate pair with different scores"))
+                   no_data="no training examples: no pair of workflows that ran with different answer scores"))
 register(Objective("rwr", f"{_LOSSES}:_run_rwr", data="candidates", logprob_temperature=1.0, uses_scores=True,
-                   description="W4S's reward-weighted regression: every candidate once, weight exp(r / T)",
-                   no_data="no training examples: no scored candidate"))
+                   description="W4S's reward-weighted regression: every kept candidate once, weight exp(r / T)",
+                   no_data="no training examples: no candidate ran with an answer score above 0.05"))

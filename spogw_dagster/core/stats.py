@@ -147,6 +147,18 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
+def resamples_for_family(family_size: int, resamples: int = DEFAULT_RESAMPLES, alpha: float = 0.05,
+                         margin: float = 10.0) -> int:
+    """Bootstrap resamples B for a Holm family of m: `paired_bootstrap_p` can show no p below 2/(B + 1), and
+    Holm's first step needs p < α/m, so with too few resamples nothing can be significant whatever the data.
+    Returns max(`resamples`, ⌈margin · m / α⌉): the smallest attainable p is then about 2α/(margin · m), a
+    fifth of α/m at the default margin 10. E.g. m = 6, α = 0.05: max(2000, 1200) = 2000; m = 72: 14,400."""
+    if family_size < 0 or not 0 < alpha < 1 or margin <= 2:
+        raise ValueError(f"family_size={family_size}, alpha={alpha}, margin={margin}: need m >= 0, 0 < α < 1, "
+                         "margin > 2 (below 2 the smallest attainable p is not below α/m)")
+    return max(int(resamples), math.ceil(margin * family_size / alpha))
+
+
 def holm_levels(pvalues: Sequence[float], alpha: float = 0.05) -> list[float]:
     """The confidence level of each hypothesis' interval under Holm: the one ranked r-th smallest p (from 1)
     gets 1 − α/(m − r + 1), so an interval excludes 0 exactly where Holm rejects, up to its first acceptance

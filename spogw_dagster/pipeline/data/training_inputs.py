@@ -82,12 +82,13 @@ def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, obje
 def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
     """The iteration's full scored candidate set with what training needs: `core.curation.scored_candidates`
     of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
-    sampled prompt, completion, tokens and log-probs. A row whose completion has no tokens is left out (there
+    sampled prompt, completion, tokens and log-probs and the row's answer score. A row whose completion has no tokens is left out (there
     is nothing to train on; the trainer refuses empty completions)."""
     from spogw_dagster.core.curation import scored_candidates as core_candidates
 
     usable, _ = core_candidates(curation_input(sampled, scores))
-    j = usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
+    j = (usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
+         .join(scores.select(_KEY + ["answer_score"]), on=_KEY, how="left"))
     return j.filter(pl.col("completion_token_ids").list.len() > 0).sort(_KEY)
 
 
@@ -102,12 +103,13 @@ def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advan
 def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                             objective: str = "score_dpo") -> tuple[list, pl.DataFrame]:
     """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
-    candidate pairs of all queries, ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
+    candidate pairs of all queries, among workflows that ran, compared on their answer score
+    (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
     examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
     micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
-    from spogw_dagster.core.curation import sample_preference_pairs
+    from spogw_dagster.core.curation import sample_preference_pairs, score_dpo_candidates
 
-    cands = training_candidates(sampled, scores)
+    cands = score_dpo_candidates(training_candidates(sampled, scores))  # ran, compared on the answer
     pairs = sample_preference_pairs(cands, ocfg.dpo_num_pairs, power=ocfg.dpo_pair_power,
                                     seed=pair_seed(ocfg.seed, iteration))
     by_key = {(r["query_id"], r["sample_idx"]): r for r in cands.iter_rows(named=True)}
@@ -126,12 +128,15 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, i
 
 def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                       objective: str = "rwr") -> tuple[list, pl.DataFrame]:
-    """W4S's data: every scored candidate once (all turns and repairs), in key order, with reward r and weight
-    exp(r / `rwr_temperature`) (the loss computes the same weight from r). r is `w4s_rewards` (W4S's
+    """W4S's data: every candidate W4S keeps (`core.curation.w4s_kept_candidates`: it ran and its answer score is
+    above 0.05; all turns and repairs), once, in key order, with reward r and weight exp(r / `rwr_temperature`)
+    (the loss computes the same weight from r). The reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's
     history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
     import math
 
-    cands = training_candidates(sampled, scores)
+    from spogw_dagster.core.curation import w4s_kept_candidates
+
+    cands = w4s_kept_candidates(training_candidates(sampled, scores))
     if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
         reward = w4s_rewards(sampled, scores)
         r_of = [reward[(r["query_id"], r["sample_idx"])] for r in cands.iter_rows(named=True)]

@@ -255,9 +255,11 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     ref = table["reference"][0]
     main = table.filter(pl.col("metric").is_in(["answer_score", "valid_rate", "executes_rate", "mean_reward"]))
     fam = table["family_size"].max() if "family_size" in table.columns else 0
+    big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else 0
     print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds), scored on "
           f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries; Holm: "
-          f"family-wise error 0.05 over all {fam} paired differences of the methods (interval at the rank's level, adjusted p)")
+          f"family-wise error 0.05 over the {fam} answer-score differences of the methods ({big_b} resamples; "
+          "interval at the rank's level, adjusted p); other metrics are diagnostics, not adjusted")
     print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}"
           f"{'Holm CI':>20}{'p_holm':>8}")
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):

@@ -26,8 +26,8 @@ NAME = "lora_checkpoint"
 GROUP = "training"
 KINDS = {"pytorch", "parquet"}
 DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objective (ioGRPO + mKL by default) on the "
-               "sharpened groups, or for score_dpo / rwr on the full scored candidate set (ScoreFlow's pairs, W4S's "
-               "weighted candidates), continuing from lora_checkpoint(k-1). Side table: training_rows.")
+               "sharpened groups, or for score_dpo / rwr on the candidates their papers keep (ScoreFlow's pairs of "
+               "workflows that ran, on the answer; W4S's weighted candidates that ran and scored above 0.05), continuing from lora_checkpoint(k-1). Side table: training_rows.")
 TRAINING_ROWS = "training_rows"
 
 
