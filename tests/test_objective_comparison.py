@@ -34,6 +34,9 @@ def test_each_method_changes_only_its_fields():
     assert (w4s.training.objective, w4s.training.learning_rate, w4s.training.epochs, w4s.training.batch_size) == \
         ("rwr", 2e-5, 3, 8)
     assert sf.training.seed == w4s.training.seed == 0 and sf.curation == w4s.curation == cfg.curation
+    # both papers' trainers keep Hugging Face's linear decay; the loop's own methods keep their constant rate
+    assert sf.training.lr_scheduler == w4s.training.lr_scheduler == "linear" and spogw.training.lr_scheduler == "constant"
+    assert method_config(cfg, "score_dpo_ours").training.lr_scheduler == "constant"
     # ScoreFlow samples and scores its own data: generator T 0.2, top-p 0.95; mean of 3 executor runs at T 0
     assert (sf.generator.temperature, sf.generator.top_p, sf.executor.temperature, sf.execution.runs) == \
         (0.2, 0.95, 0.0, 3)

@@ -34,10 +34,11 @@ _BETAS = {"0": 0.0, "0.05": 0.05, "0.1": 0.1, "0.2": 0.2}
 
 # Each baseline at its own paper's training settings. ScoreFlow's optimize.py sets 1 epoch and a per-device
 # batch of 1 pair = 2 rows (chosen, rejected) and keeps DPOConfig's default lr 1e-6. W4S's train.py sets lr
-# 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8).
+# 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8). Both trainers keep the
+# Trainer's default schedule: linear decay to 0, no warm-up. (LoRA rank and token limits stay the loop's.)
 PAPER_SETTINGS: dict[str, dict[str, Any]] = {
-    "score_dpo": {"learning_rate": 1e-6, "epochs": 1, "batch_size": 2},
-    "rwr": {"learning_rate": 2e-5, "epochs": 3, "batch_size": 8},
+    "score_dpo": {"learning_rate": 1e-6, "epochs": 1, "batch_size": 2, "lr_scheduler": "linear"},
+    "rwr": {"learning_rate": 2e-5, "epochs": 3, "batch_size": 8, "lr_scheduler": "linear"},
 }
 
 METHODS: dict[str, dict[str, dict[str, Any]]] = {
