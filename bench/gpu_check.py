@@ -26,7 +26,8 @@ gen_tps and train_tps are what `spogw plan --generator-tps/--train-tps` takes fo
 time for a target nobody measured).
 
 The CPU-side logic (argument parsing, model discovery, the comparison, the summary) is tested in
-tests/test_gpu_check.py without a GPU.
+tests/test_gpu_check.py without a GPU. Where vLLM cannot be installed (or no weights can be carried),
+`bench/gpu_paths.py` measures the training and transformers-sampling paths on random weights of named shapes.
 """
 
 from __future__ import annotations

@@ -171,3 +171,8 @@ def test_per_sample_path_still_works(per_sample):
     assert _teacher_forced_gap(per_sample, flat, 0.7) < 2e-3
     again = per_sample.generate(GEN_PROMPTS[:1] + SHORT_PROMPTS[:1], p, n=2)
     assert [[r.token_ids for r in row] for row in out] == [[r.token_ids for r in row] for row in again]
+
+
+def test_the_default_path_is_the_one_measured_faster_on_the_device(shared):
+    # the fixture passes no prefix_sharing: on the CPU the prefix-shared path (1.72x there, core/device_paths.py)
+    assert shared.device.type == "cpu" and shared.prefix_sharing is True

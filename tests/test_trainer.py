@@ -212,11 +212,17 @@ def test_shared_and_per_row_training_give_the_same_adapter(tiny_model, tmp_path)
         for (c, a), s in zip(GROUP, (1.0, 0.9, 0.1, 0.0))
     ]
     runs = {}
-    for shared in (True, False):
+    for shared in (True, False, None):
         cfg = TrainConfig(epochs=2, batch_size=3, learning_rate=1e-2, seed=5, shared_prompt=shared, beta=0.1,
                           old_logprobs="recompute", target_modules=("q_proj", "k_proj", "v_proj"))
         runs[shared] = train_lora(examples, cfg, tmp_path / str(shared), base_model=tiny_model)
     a, b = runs[True].stats, runs[False].stats
+    # None takes the path measured faster on the device: on the CPU the shared one (core/device_paths.py), so
+    # the same numbers bit for bit, and the stats say which path ran; the path is not part of the run's hash
+    auto = runs[None].stats
+    assert auto["config"]["shared_prompt"] is True and a["config"]["shared_prompt"] is True
+    assert [s["loss"] for s in auto["steps"]] == [s["loss"] for s in a["steps"]]
+    assert auto["run_hash"] == a["run_hash"] == b["run_hash"]
     assert [s["rows"] for s in a["steps"]] == [s["rows"] for s in b["steps"]] and len(a["steps"]) == 6
     for sa, sb in zip(a["steps"], b["steps"]):
         assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)

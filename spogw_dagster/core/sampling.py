@@ -272,7 +272,10 @@ class TransformersSampler:
 
     Rows (prompt × n) are sorted by prompt length and cut into batches of `batch_size`.
 
-    ``prefix_sharing=True`` (default): each distinct prompt is prefilled **once** (the part all prompts of
+    ``prefix_sharing=None`` (default) takes the path measured faster on the device (`core.device_paths`:
+    prefix-shared on the CPU, `model.generate` on CUDA); True or False forces one.
+
+    ``prefix_sharing=True``: each distinct prompt is prefilled **once** (the part all prompts of
     a call share, e.g. the generator's few-shot header, once per call) and its KV cache is reused by all
     its rows, in every batch they fall in; a batch's rows are then decoded together by our own loop
     (prompt caches left-padded to a common length when a batch mixes prompts). Row j of prompt i draws
@@ -280,9 +283,9 @@ class TransformersSampler:
     run to run. They are *not* the samples the per-sample path draws for the same seed (another random
     stream), but they follow the same distribution and log-prob convention.
 
-    ``prefix_sharing=False``: the earlier path, one `model.generate` per batch that prefills every row's
-    prompt; each batch is left-padded and seeded with a seed derived from (seed, batch index). Kept for
-    `bench/sampling_throughput.py`, which compares both on the same prompts.
+    ``prefix_sharing=False``: one `model.generate` per batch that prefills every row's prompt; each batch is
+    left-padded and seeded with a seed derived from (seed, batch index). `bench/sampling_throughput.py` and
+    `bench/gpu_paths.py` compare both on the same prompts.
 
     Either way the same prompts, params, seed and batch size give the same samples.
     """
@@ -299,11 +302,12 @@ class TransformersSampler:
         device: str = "auto",
         model=None,
         tokenizer=None,
-        prefix_sharing: bool = True,
+        prefix_sharing: bool | None = None,
     ) -> None:
         import torch
 
-        self.prefix_sharing = bool(prefix_sharing)
+        from spogw_dagster.core.device_paths import prefix_sharing_for
+
         self._cache_kwarg: str | None = None
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -321,6 +325,7 @@ class TransformersSampler:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        self.prefix_sharing = prefix_sharing_for(self.device.type, prefix_sharing)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         if self.tokenizer.pad_token_id is None:

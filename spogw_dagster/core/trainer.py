@@ -45,11 +45,12 @@ import shutil
 import time
 import uuid
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG, ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
+from spogw_dagster.core.device_paths import shared_prompt_for
 from spogw_dagster.core.distributed import SINGLE, Dist, from_environment
 from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
 from spogw_dagster.fsutil import file_sha256 as _file_sha
@@ -93,9 +94,11 @@ class TrainConfig(ObjectiveConfig):
     Misc:       seed; eval_after (one more no-grad pass: per-example mean log-prob before/after training in
                 the stats, and its change for positive- and negative-advantage rows); max_completion_tokens (truncate longer completions; None = keep all);
                 dtype ("float32" on the CPU); device ("auto" = cuda when available).
-    Forward:    shared_prompt (default True): in each micro-batch every distinct prompt runs once, with
-                gradients, and its KV cache is indexed out to the rows that share it, so only the completion
-                tokens run per row; False runs every row's prompt again (the reference path). Same loss,
+    Forward:    shared_prompt (default None: the path measured faster on the device, `core.device_paths`:
+                shared on the CPU, per-row on CUDA): True runs every distinct prompt of a micro-batch once, with
+                gradients, and indexes its KV cache out to the rows that share it, so only the completion
+                tokens run per row; False runs every row's prompt again (the reference path). Not part of the
+                run hash (the same run either way). Same loss,
                 gradients and log-probs up to float rounding; it also applies to the π_old/π_ref and after-
                 training passes. Micro-batches keep the rows of one prompt together in both modes (see
                 `_batches`), so a micro-batch of batch_size rows usually holds one or two prompts. With
@@ -162,7 +165,7 @@ class TrainConfig(ObjectiveConfig):
     max_completion_tokens: int | None = None
     dtype: str = "float32"
     device: str = "auto"
-    shared_prompt: bool = True
+    shared_prompt: bool | None = None  # None: the device's faster path (core/device_paths.py)
     aggregate_unique: bool = True
 
     def __post_init__(self) -> None:
@@ -214,8 +217,9 @@ class TrainConfig(ObjectiveConfig):
         req_real("temperature", 0.0, math.inf, lo_open=True)
         if not isinstance(self.eval_after, bool):
             raise ConfigError(f"{c}.eval_after={self.eval_after!r}: must be True or False.")
-        if not isinstance(self.shared_prompt, bool):
-            raise ConfigError(f"{c}.shared_prompt={self.shared_prompt!r}: must be True or False.")
+        if self.shared_prompt is not None and not isinstance(self.shared_prompt, bool):
+            raise ConfigError(f"{c}.shared_prompt={self.shared_prompt!r}: must be True, False or None (the "
+                              "device's faster path).")
         if not isinstance(self.aggregate_unique, bool):
             raise ConfigError(f"{c}.aggregate_unique={self.aggregate_unique!r}: must be True or False.")
         if self.max_completion_tokens is not None:
@@ -343,7 +347,6 @@ def _aggregate(items: list[_Item]) -> list[_Item]:
     (A⁺, A⁻, n⁺, n⁻, count) of the rows it stands for (`objectives.unique_advantage_weights`); its `advantage`
     is A⁺ + A⁻ (the sum, for display). π_old from data is part of the key, so rows are merged only when their
     loss terms are the same function of the policy."""
-    from dataclasses import replace
 
     from spogw_dagster.core.objectives import unique_advantage_weights
 
@@ -655,6 +658,7 @@ def train_lora(
     t_start = time.perf_counter()
     dist = from_environment(cpu=_device(cfg).type == "cpu")
     device = _device(cfg, dist)
+    cfg = replace(cfg, shared_prompt=shared_prompt_for(device.type, cfg.shared_prompt))  # stats record the path
     if not dist.main:  # one voice: rank 0 reports for all
         log = progress = None
     torch.manual_seed(cfg.seed)
@@ -721,9 +725,12 @@ def finished_run(examples, cfg: TrainConfig, output_dir, base_model, previous_ad
 
 
 def run_hashes(cfg: TrainConfig, exs: Sequence[TrainExample], folder: Path, prev: Path | None) -> dict[str, Any]:
-    """What identifies a training run: config, data, base model and previous adapter (each hashed)."""
+    """What identifies a training run: config, data, base model and previous adapter (each hashed). The forward
+    path (`shared_prompt`) is not: both compute the same run."""
+    config = cfg.to_dict()
+    config.pop("shared_prompt", None)
     return {
-        "config": _sha(cfg.to_dict()),
+        "config": _sha(config),
         "data": data_hash(exs),
         "base_model": _sha(_model_identity(folder)),
         "previous_adapter": _file_sha(prev / ADAPTER_WEIGHTS) if prev is not None else None,
@@ -965,12 +972,13 @@ def score_examples(
     batch_size: int = 8,
     model=None,
     tokenizer=None,
-    shared_prompt: bool = True,
+    shared_prompt: bool | None = None,
 ) -> list[list[float]]:
     """Teacher-forced per-token log-probs of each example's completion under base (+ adapter).
 
     Tokenizes exactly like the trainer. Pass a preloaded `model`/`tokenizer` to avoid reloading. With
-    `shared_prompt`, examples with the same prompt are batched together and the prompt runs once per batch.
+    `shared_prompt`, examples with the same prompt are batched together and the prompt runs once per batch
+    (None: the path measured faster on the model's device, `core.device_paths`).
     """
     from spogw_dagster.core.logprobs import score_completions
     from spogw_dagster.models import load_model_and_tokenizer
@@ -986,5 +994,5 @@ def score_examples(
         tokenizer.pad_token_id,
         temperature=temperature,
         batch_size=batch_size,
-        shared_prompt=shared_prompt,
+        shared_prompt=shared_prompt_for(next(model.parameters()).device.type, shared_prompt),
     )

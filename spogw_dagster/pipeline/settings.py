@@ -303,10 +303,13 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         obj = d.get("objective") if isinstance(d, dict) else None
         if isinstance(d, dict) and (obj not in registry.names() or registry.get(obj).data != "candidates"):
             d.pop("rwr_reward", None)
+        if isinstance(d, dict):
+            d.pop("shared_prompt", None)  # how a batch is computed, not what is trained (core/device_paths.py)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
-        fields = {k: v for k, v in self.model_dump().items() if k != "processes"}
+        # the fields themselves, not model_dump (whose hash-stable form leaves some out)
+        fields = {k: getattr(self, k) for k in type(self).model_fields if k != "processes"}
         return TrainConfig.from_dict({**fields, "temperature": float(temperature), "dtype": dtype})
 
 

@@ -1,0 +1,70 @@
+"""Which computation path wins on which device, from measurements we recorded (pure; no torch import).
+
+Two paths compute the same numbers in two ways, and which one is faster depends on the device:
+
+- training (`TrainConfig.shared_prompt`): each distinct prompt of a micro-batch runs once and its KV cache is
+  indexed out to its rows (shared), or every row runs its own prompt again (per-row, the reference path);
+- sampling (`TransformersSampler(prefix_sharing=...)`): each distinct prompt is prefilled once and our own loop
+  decodes its rows (prefix-shared), or one `model.generate` per batch prefills every row (plain).
+
+Both give the same losses, gradients and log-probs up to float rounding (tests/test_trainer_shared_prompt.py,
+tests/test_device_paths.py). A setting of None takes the path this table says is faster on the device;
+True or False forces one. A device type nobody measured gets the plain (reference) paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MEASURED", "PathChoice", "paths_for", "shared_prompt_for", "prefix_sharing_for"]
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    """Speed of the shared path over the plain one (> 1: shared is faster), with where it was measured."""
+
+    train_ratio: float  # shared-prompt training / per-row training, same rows and steps
+    sample_ratio: float  # prefix-shared sampling / model.generate, tokens per second
+    source: str
+
+    @property
+    def shared_prompt(self) -> bool:
+        return self.train_ratio > 1.0
+
+    @property
+    def prefix_sharing(self) -> bool:
+        return self.sample_ratio > 1.0
+
+
+MEASURED: dict[str, PathChoice] = {
+    # 2 CPU cores, SmolLM2-135M: bench/train_throughput.py 2.96x (2026-12-04), bench/sampling_throughput.py
+    # 1.72x (2026-12-04; 2.64x on 2026-12-01 with the same sampler code)
+    "cpu": PathChoice(train_ratio=2.96, sample_ratio=1.72, source="2 CPU cores, SmolLM2-135M, 2026-12-04"),
+    # one H200, torch 2.11 + CUDA 13, random-weight Qwen2.5-0.5B shape in bf16, warm, alternating: training
+    # 8 prompts x 16 rows 0.76x (0.72x with cuDNN SDPA off); sampling 8 prompts x 16, 256 tokens 0.84x (7B
+    # shape 0.87x). The shared paths lose there until they are made faster: the plain paths are the default.
+    "cuda": PathChoice(train_ratio=0.76, sample_ratio=0.84, source="NVIDIA H200, Qwen2.5-0.5B shape, bf16"),
+}
+
+
+def paths_for(device_type: str) -> PathChoice | None:
+    """The recorded measurement for a torch device type ("cpu", "cuda", ...), or None when none was made."""
+    return MEASURED.get(str(device_type).split(":")[0])
+
+
+def shared_prompt_for(device_type: str, setting: bool | None = None) -> bool:
+    """Whether training runs each distinct prompt once: `setting` when given, else the faster path measured on
+    this device type, else the per-row reference path (False)."""
+    if setting is not None:
+        return bool(setting)
+    m = paths_for(device_type)
+    return m.shared_prompt if m is not None else False
+
+
+def prefix_sharing_for(device_type: str, setting: bool | None = None) -> bool:
+    """Whether sampling prefills each distinct prompt once: `setting` when given, else the faster path measured
+    on this device type, else `model.generate` (False)."""
+    if setting is not None:
+        return bool(setting)
+    m = paths_for(device_type)
+    return m.prefix_sharing if m is not None else False

@@ -1,0 +1,44 @@
+"""The per-device choice of computation path (core/device_paths.py): each path where it was measured faster,
+the plain reference paths where nothing was measured, an explicit setting always wins. The two paths' equal
+numbers are tested where they run: tests/test_trainer.py (training, incl. the default) and
+tests/test_sampling_prefix.py (sampling)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spogw_dagster.core.device_paths import MEASURED, paths_for, prefix_sharing_for, shared_prompt_for
+
+
+def test_each_device_gets_the_path_it_measured_faster():
+    # CPU: training 2.96x and sampling 1.72x for the shared paths; H200: 0.76x and 0.84x, so the plain paths
+    assert shared_prompt_for("cpu") is True and prefix_sharing_for("cpu") is True
+    assert shared_prompt_for("cuda") is False and prefix_sharing_for("cuda") is False
+    assert shared_prompt_for("cuda:1") is False  # a device index does not change the type
+    assert (MEASURED["cpu"].train_ratio, MEASURED["cuda"].sample_ratio) == (2.96, 0.84)
+
+
+def test_an_unmeasured_device_gets_the_reference_paths_and_a_setting_wins():
+    assert paths_for("mps") is None
+    assert shared_prompt_for("mps") is False and prefix_sharing_for("xpu") is False
+    for device in ("cpu", "cuda", "mps"):
+        assert shared_prompt_for(device, True) is True and shared_prompt_for(device, False) is False
+        assert prefix_sharing_for(device, True) is True and prefix_sharing_for(device, False) is False
+
+
+def test_the_training_config_takes_none_and_refuses_anything_else():
+    from spogw_dagster.core.hyperparams import ConfigError
+    from spogw_dagster.core.trainer import TrainConfig
+
+    assert TrainConfig().shared_prompt is None
+    with pytest.raises(ConfigError, match="shared_prompt"):
+        TrainConfig(shared_prompt="yes")  # type: ignore[arg-type]
+
+
+def test_the_path_changes_no_config_hash():
+    from spogw_dagster.pipeline.settings import load_config
+
+    base = load_config("tiny")
+    for v in (True, False):
+        other = load_config("tiny", overrides={"training": {"shared_prompt": v}})
+        assert other.hash == base.hash and other.training.core(0.5).shared_prompt is v
