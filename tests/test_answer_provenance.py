@@ -15,7 +15,7 @@ import pytest
 from spogw_dagster.benchmarks import load_benchmark
 from spogw_dagster.contracts import ChatResult, Problem
 from spogw_dagster.evaluation import baseline_workflow, evaluate_workflow
-from spogw_dagster.pipeline.domain.rewards import Ladder
+from spogw_dagster.core.rewards import Ladder
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.sandboxing import detect_isolation
 from spogw_dagster.workflow.parser import validate

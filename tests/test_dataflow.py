@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from spogw_dagster.pipeline.domain.rewards import Ladder, is_trivial, ladder_reward
+from spogw_dagster.core.rewards import Ladder, is_trivial, ladder_reward
 from spogw_dagster.workflow.parser import validate
 
 HEADER = "class Workflow:\n    async def run(self):\n"
@@ -154,7 +154,7 @@ async def test_a_run_earns_the_executes_rung_only_if_a_solution_writing_operator
     from spogw_dagster.contracts import Problem
     from spogw_dagster.evaluation import evaluate_workflow
     from spogw_dagster.sandboxing import detect_isolation
-    from spogw_dagster.pipeline.domain.rewards import executes_share
+    from spogw_dagster.core.rewards import executes_share
     from tests.fakes import ScriptedExecutor
 
     never = wf("x = 'A'\nif len('ab') == 3:\n    x = await self.custom(instruction='x')\n"

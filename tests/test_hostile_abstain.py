@@ -33,7 +33,7 @@ from spogw_dagster.evaluation import evaluate_workflow
 from spogw_dagster.executors.attribution import FaultAttributingExecutor
 from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
 from spogw_dagster.sandboxing import Limits, detect_isolation, run_code
-from spogw_dagster.pipeline.domain.rewards import Ladder
+from spogw_dagster.core.rewards import Ladder
 from spogw_dagster.pipeline.data.tables import execution_frame, execution_row
 from spogw_dagster.workflow.operators import OperatorConfig
 from spogw_dagster.workflow.runtime import execute_workflow

@@ -14,7 +14,7 @@ spogw_dagster/benchmarks/verdict.py, sandbox/plaindata.py), beyond tests/test_ho
 5. Answers too deep for the parent's own parser (RecursionError / MemoryError from ast.parse or compile)
    score 0; near the AST depth limit, where the threshold depends on the caller's stack depth, such an
    answer once ended `spogw exec-workflow` with a traceback (and in the pipeline, asyncio.gather in
-   resources.evaluate_jobs, the whole batch).
+   domain.jobs.evaluate_jobs, the whole batch).
 """
 
 from __future__ import annotations

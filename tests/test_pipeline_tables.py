@@ -9,7 +9,7 @@ from spogw_dagster.evaluation import EvalResult
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
-from spogw_dagster.pipeline.domain.rewards import Ladder, ladder_reward
+from spogw_dagster.core.rewards import Ladder, ladder_reward
 from spogw_dagster.contracts import Status, Usage
 
 VALID_BODY = 'solution = await self.code_generate(instruction="Write it.")\n        return solution\n'

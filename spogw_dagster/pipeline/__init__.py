@@ -10,10 +10,15 @@ Subpackages by concern (imports go from run control to definitions to the domain
 - `defs/`     the Dagster definitions: `assets/` (one module per asset), checks, sensors, the IO manager, the
               resource, partitions, the step-container executor, code versions, the outage rule, plots, and
               `wiring` (the Definitions)
-- `runs/`     run control: `loop` (`spogw run`), `locks`, `container_steps`, `commands` (the CLI
+- `runs/`     run control: `loop` (`spogw run`), `container_steps`, `commands` (the CLI
               subcommands), `preflight` (`spogw check`), `plan`, `cleanup` (`spogw gc`)
+- `domain/`   domain logic without Dagster: `generation` (sampling the generator), `jobs` (executing and
+              scoring workflows), `refinement` (W4S's turns), `heldout` (the report's scoring), `outage`,
+              `headline`
 - `data/`     the data layer: `storage` (atomic Parquet, adapter folders), `catalog` (DuckDB), `tables`
-              (schemas and pure frame builders), `checkpoints` (the parent lookup, a carried-forward adapter)
-- `domain/`   domain logic without Dagster objects: `rewards` (the ladder), `generation` (sampling the
-              generator), `refinement` (W4S's turns), `heldout` (the report's scoring), `headline`
+              (schemas and pure frame builders), `checkpoints` (the parent lookup, a carried-forward adapter),
+              `iteration_keys`, `locks` (the assets directory's lock)
+
+Order: runs -> defs -> domain -> data -> settings/profiles; only defs and runs import Dagster
+(tests/test_layers.py).
 """

@@ -29,7 +29,7 @@ __all__ = ["PROFILES", "get_profile", "profile_names"]
 
 # Partial credit: finding code (format) and passing the validator (valid) are what a 135M generator gets
 # wrong most often; a run that finishes (executes) is worth a little more, but only for a workflow that calls
-# an operator writing a solution (pipeline/domain/rewards.py); the answer is worth most.
+# an operator writing a solution (core/rewards.py); the answer is worth most.
 _SMALL_MODEL_LADDER = {"format": 0.1, "valid": 0.2, "executes": 0.2, "answer": 0.5}
 
 PROFILES: dict[str, dict[str, Any]] = {

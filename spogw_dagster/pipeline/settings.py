@@ -43,7 +43,7 @@ from spogw_dagster.core import registry
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.trainer import TrainConfig
 
-from spogw_dagster.pipeline.domain.rewards import Ladder
+from spogw_dagster.core.rewards import Ladder
 
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices

@@ -24,7 +24,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from spogw_dagster.pipeline.runs.locks import LOCK_FILE, WAITING_DIR, IterationLock, assets_dir_lock
+from spogw_dagster.pipeline.data.locks import LOCK_FILE, WAITING_DIR, IterationLock, assets_dir_lock
 from spogw_dagster.pipeline.runs.loop import _failure_message
 from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.data.storage import AssetStore

@@ -33,7 +33,7 @@ from typing import Any
 from spogw_dagster.adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
 from spogw_dagster.fsutil import file_sha256, replace_dir
 from spogw_dagster.pipeline.data.storage import AssetStore
-from spogw_dagster.pipeline.defs.partitions import key_to_int, previous_key
+from spogw_dagster.pipeline.data.iteration_keys import key_to_int, previous_key
 
 
 class MissingCheckpointError(RuntimeError):

@@ -122,7 +122,7 @@ _PID_IN_NAME = re.compile(r"-(\d+)-[0-9a-f]{8}$")
 
 def sweep_temp_files(root: str | os.PathLike[str]) -> list[Path]:
     """Remove what killed writers left under the assets directory (not the Dagster instance's folder). Call it
-    only while holding the assets directory's lock (`locks.assets_dir_lock`): a temp entry of a live writer is
+    only while holding the assets directory's lock (`data.locks.assets_dir_lock`): a temp entry of a live writer is
     part of a write in progress. Folders that name a live pid (the trainer's) are kept regardless."""
     root = Path(root)
     removed: list[Path] = []

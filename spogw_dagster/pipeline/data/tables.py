@@ -13,7 +13,7 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.core.curation import SCREENED_SCHEMA as CORE_SCREENED_SCHEMA
-from spogw_dagster.pipeline.domain.rewards import (
+from spogw_dagster.core.rewards import (
     Ladder,
     executes_share,
     is_trivial,

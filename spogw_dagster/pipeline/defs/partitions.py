@@ -10,24 +10,11 @@ from __future__ import annotations
 
 import dagster as dg
 
+# the keys themselves are pure (the data layer needs them too); the assets import them from here
+from spogw_dagster.pipeline.data.iteration_keys import KEY_WIDTH, iteration_key, key_to_int, previous_key
+
+__all__ = ["PARTITIONS_NAME", "KEY_WIDTH", "iterations", "iteration_key", "key_to_int", "previous_key"]
+
 PARTITIONS_NAME = "iteration"
-KEY_WIDTH = 4
 
 iterations = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
-
-
-def iteration_key(k: int) -> str:
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0 or k >= 10**KEY_WIDTH:
-        raise ValueError(f"iteration must be an integer in [0, {10**KEY_WIDTH}), got {k!r}")
-    return f"{k:0{KEY_WIDTH}d}"
-
-
-def key_to_int(key: str) -> int:
-    if not isinstance(key, str) or len(key) != KEY_WIDTH or not key.isdigit():
-        raise ValueError(f"iteration partition keys are {KEY_WIDTH} digits, e.g. '0000'; got {key!r}")
-    return int(key)
-
-
-def previous_key(key: str) -> str | None:
-    k = key_to_int(key)
-    return None if k == 0 else iteration_key(k - 1)

@@ -7,7 +7,7 @@ nothing by itself. Iterations never run at the same time: the sensor requests no
 iteration job or a one-asset launch) is queued or in progress, requests k+1 only once benchmark_report(k) is
 materialized, and stops after the configured number of iterations. Each request carries a run key ("iteration-<k>-<config hash>"), so a
 tick that races another cannot launch the same iteration twice, while a changed configuration can run it again.
-A run whose worker process died (SIGKILL, OOM) is marked failed at the next tick (`locks.close_orphaned_runs`),
+A run whose worker process died (SIGKILL, OOM) is marked failed at the next tick (`run_executors.close_orphaned_runs`),
 so it neither blocks the loop nor hides what happened; re-executing it from failure finishes its iteration.
 (A multi-partition backfill from the UI would bypass this; sampled_workflows(k) then fails fast while
 lora_checkpoint(k-1) is missing, so the order still holds.)
@@ -48,7 +48,7 @@ def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int, conf
                description=f"Launches iteration k+1 when benchmark_report(k) lands (up to {max_iterations}); "
                            "never while an iteration runs.")
     def next_iteration_sensor(context: dg.SensorEvaluationContext):
-        from spogw_dagster.pipeline.runs.locks import close_orphaned_runs
+        from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs
 
         inst = context.instance
         # a run whose worker was killed would stay "started" forever and block the loop: close it (failed,

@@ -144,10 +144,10 @@ def step_executor(root: Path):
 
 
 def _locking(base, root: Path):
-    """`base` holding the assets directory's lock for the whole run (`locks.locking_executor`): runs launched
+    """`base` holding the assets directory's lock for the whole run (`run_executors.locking_executor`): runs launched
     from the UI, a backfill or the sensor wait in iteration order; a run this process orchestrates under its
     own lock (run_loop_in_containers) goes ahead."""
-    from spogw_dagster.pipeline.runs.locks import locking_executor
+    from spogw_dagster.pipeline.defs.run_executors import locking_executor
 
     return locking_executor(base, root, label="steps in containers", description=(
         "Each step in its own Docker container (dagster-docker), holding the assets directory's lock."))

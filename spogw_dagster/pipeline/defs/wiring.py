@@ -4,7 +4,7 @@
 SPOGW_PROFILE (default tiny) or SPOGW_CONFIG (a YAML file), and SPOGW_ASSETS_DIR (default ./assets).
 Steps run in-process one after another (`in_process_executor`): the assets load models and are chained
 anyway, and on a small CPU machine one process per step would only add start-up time. The executor holds the
-assets directory's lock for the whole run (`locks.locking_in_process_executor`), so runs launched from the UI,
+assets directory's lock for the whole run (`run_executors.locking_in_process_executor`), so runs launched from the UI,
 a backfill or the sensor on one assets directory go one at a time, in iteration order, whatever the instance's
 configuration.
 """
@@ -22,7 +22,7 @@ from spogw_dagster.pipeline.defs.checks import ALL_CHECKS
 from spogw_dagster.pipeline.defs.step_executor import step_executor
 from spogw_dagster.pipeline.settings import SpogwConfig, load_config
 from spogw_dagster.pipeline.defs.io_manager import ParquetIOManager
-from spogw_dagster.pipeline.runs.locks import locking_in_process_executor
+from spogw_dagster.pipeline.defs.run_executors import locking_in_process_executor
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME, build_sensor
 from spogw_dagster.pipeline.data.storage import ASSET_NAMES, default_assets_dir

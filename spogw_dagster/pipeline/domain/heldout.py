@@ -33,7 +33,7 @@ from spogw_dagster.workflow.copies import copied_from
 
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.domain.generation import generate_samples
-from spogw_dagster.pipeline.defs.resources import EvalJob, evaluate_jobs
+from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 
 CACHE_DIR = "report_cache"
 
@@ -160,13 +160,8 @@ class Scored:
     heldout: pl.DataFrame
     counters: dict[str, int]
     baselines_cached: list[str]
-    executed: pl.DataFrame  # the rows executed just now (valid workflows; not reused or cached ones)
-
-    def fail_on_outage(self, cfg, *, asset: str, partition_key: str, cache_path) -> None:
-        from spogw_dagster.pipeline.defs.outage import fail_on_outage
-
-        fail_on_outage(cfg, self.executed, self.counters, asset=asset, partition_key=partition_key,
-                       cache_path=cache_path)
+    executed: pl.DataFrame  # the rows executed just now (valid workflows; not reused or cached ones): the
+    # outage rule's input (domain/outage.py)
 
 
 def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *, iteration: int, split: str,

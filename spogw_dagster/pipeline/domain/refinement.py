@@ -22,7 +22,7 @@ from typing import Sequence
 
 from spogw_dagster.contracts import Problem
 
-from spogw_dagster.pipeline.defs.resources import EvalJob, evaluate_jobs
+from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 
 MAX_ERROR_CHARS = 160  # per run in the feedback: enough for the exception line, not a traceback
 MAX_CASE_CHARS = 240  # per question / answer in a failure case: the gist, not the whole text

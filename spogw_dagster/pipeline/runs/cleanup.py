@@ -80,7 +80,7 @@ def collect(store: AssetStore, dry_run: bool = False) -> tuple[list[Path], int]:
 
 
 def gc_command(assets_dir: str | None, dry_run: bool) -> int:
-    from spogw_dagster.pipeline.runs.locks import assets_dir_lock
+    from spogw_dagster.pipeline.data.locks import assets_dir_lock
     from spogw_dagster.pipeline.data.storage import default_assets_dir
 
     store = AssetStore(assets_dir or default_assets_dir())

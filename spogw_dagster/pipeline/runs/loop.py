@@ -7,8 +7,8 @@ queue), so `DAGSTER_HOME=<assets>/.dagster dagster dev` shows them afterwards. A
 benchmark_report exists for the same configuration is skipped unless --force. Progress goes to the terminal;
 the loop ends with a table of held-out scores per iteration.
 
-One writer per assets directory: `locks.py` (the lock `spogw run` holds, and the executors that make every
-other run wait for it).
+One writer per assets directory: `data/locks.py` (the lock `spogw run` holds) and `defs/run_executors.py` (the
+executors that make every other run wait for it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
-from spogw_dagster.pipeline.runs.locks import assets_dir_lock, close_orphaned_runs, worker_tags
+from spogw_dagster.pipeline.data.locks import assets_dir_lock
+from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs, worker_tags
 from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
 
 INSTANCE_YAML = """\

@@ -13,6 +13,7 @@ from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
+from spogw_dagster.pipeline.defs import outage
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.defs.assets import heldout_results
@@ -42,7 +43,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     scored = ho.score(pipeline, [this] if reused_prev is not None else [this, prev], problems, cfg, iteration=k,
                       split=cfg.report.split, reused=[reused_prev] if reused_prev is not None else [],
                       say=lambda m: say(context, m))
-    scored.fail_on_outage(cfg, asset=NAME, partition_key=key, cache_path=pipeline.cache_path())
+    outage.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
+                          cache_path=pipeline.cache_path())
     side = heldout_results.write(store, key, scored.heldout)
     report = report_stats.summarize_heldout(scored.heldout, iteration=k, config_hash=cfg.hash,
                                       split_ids_sha256=split_info["ids_sha256"],

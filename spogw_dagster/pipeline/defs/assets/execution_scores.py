@@ -17,7 +17,9 @@ from spogw_dagster.pipeline.defs import outage
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.partitions import key_to_int
-from spogw_dagster.pipeline.defs.resources import EvalJob, PipelineResource, evaluate_jobs
+from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain import outage as domain_outage
+from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say
 
 NAME = "execution_scores"
@@ -63,7 +65,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
 def executor_error_share(df: pl.DataFrame) -> tuple[int, int, float]:
     """(executor_error rows, executed rows, their ratio): rows with no run (parse rejections) never called the
     executor and do not count."""
-    return outage.executor_error_share(df.filter(pl.col("runs") > 0))
+    return domain_outage.executor_error_share(df.filter(pl.col("runs") > 0))
 
 
 def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:

@@ -30,6 +30,7 @@ from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+from spogw_dagster.pipeline.defs import outage
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
@@ -188,8 +189,7 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
 
     from spogw_dagster.seeds import derive_seed
 
-    from spogw_dagster.pipeline.defs import outage
-    from spogw_dagster.pipeline.defs.resources import evaluate_jobs
+    from spogw_dagster.pipeline.domain.jobs import evaluate_jobs
     from spogw_dagster.pipeline.defs.assets.execution_scores import jobs_for
     from spogw_dagster.pipeline.defs.assets.sampled_workflows import sample_iteration
 
@@ -298,7 +298,8 @@ def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[Met
             policies.append(ho.Policy(r.method, "method", r.adapter, k, r.adapter_sha256))
     scored = ho.score(pipeline, policies, problems, cfg, iteration=k, split=cfg.report.split, reused=reused,
                       say=lambda m: say(context, m))
-    scored.fail_on_outage(cfg, asset=NAME, partition_key=key, cache_path=pipeline.cache_path())
+    outage.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
+                          cache_path=pipeline.cache_path())
     return scored.heldout
 
 

@@ -1,0 +1,49 @@
+"""Executing and scoring workflows: each job a workflow (or its parse rejection) for one problem, run in the
+sandbox against the executor with bounded concurrency. No Dagster: the assets, the held-out report and W4S's
+turns call it with the services a `PipelineResource` built."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from spogw_dagster.contracts import Problem
+from spogw_dagster.pipeline.settings import SpogwConfig
+
+__all__ = ["EvalJob", "evaluate_jobs"]
+
+
+@dataclass
+class EvalJob:
+    """One workflow to execute: `code` (validated) or a parse rejection (`reject_status`, `reject_reason`)."""
+
+    problem: Problem
+    code: str | None
+    reject_status: str = ""
+    reject_reason: str = ""
+    tag: Any = None
+
+
+async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int) -> list:
+    """Execute and score every job with bounded concurrency; rejected jobs score 0 without running."""
+    from spogw_dagster.evaluation import EvalResult, evaluate_workflow
+    from spogw_dagster.contracts import Status
+    from spogw_dagster.workflow.operators import OperatorConfig
+    from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
+
+    e = cfg.executor
+    op_cfg = OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,
+                            max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
+    limits = DEFAULT_LIMITS.with_(wall_s=cfg.execution.wall_s)
+    sem = asyncio.Semaphore(cfg.execution.concurrency)
+
+    async def one(j: EvalJob):
+        if j.code is None:
+            return EvalResult(j.problem.benchmark, j.problem.id, Status(j.reject_status), 0.0,
+                              error=j.reject_reason, isolation=iso.name)
+        async with sem:
+            return await evaluate_workflow(j.code, j.problem, executor, iso, runs=cfg.execution.runs, seed=seed,
+                                           op_cfg=op_cfg, limits=limits)
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
