@@ -9,7 +9,9 @@
     everything else                   the pure core: core, workflow, executors, benchmarks, sandboxing, ...
 
 A module may import its own layer or any layer below it, never one above; only `pipeline.defs` and
-`pipeline.runs` (and the entry points) may import Dagster. The checker is tested on a planted violation."""
+`pipeline.runs` (and the entry points) may import Dagster; and assets are leaves: no module imports an asset
+module (`pipeline/defs/assets/<asset>.py`) but the package that wires them. The checker is tested on planted
+violations."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from test_import_cycles import PACKAGE, module_graph
 RANKS = {"runs": 5, "defs": 4, "domain": 3, "data": 2, "settings": 1, "profiles": 1}
 ENTRY_POINTS = {"cli", "definitions"}
 DAGSTER_LAYERS = {"runs", "defs"}
+ASSETS = "spogw_dagster.pipeline.defs.assets"
+ASSET_HELPERS = {"common", "report_metadata"}  # shared by the asset modules, not assets
 
 
 def layer(module: str) -> tuple[str, int]:
@@ -45,7 +49,7 @@ def imports_dagster(path: Path) -> bool:
 
 
 def violations(root: Path) -> list[str]:
-    """Every import that points up a layer, and every Dagster import outside the layers allowed one."""
+    """Every import that points up a layer, into an asset module, or of Dagster outside the layers allowed one."""
     out = []
     graph = module_graph(root)
     for mod, deps in sorted(graph.items()):
@@ -54,6 +58,12 @@ def violations(root: Path) -> list[str]:
             dname, drank = layer(dep)
             if drank > rank:
                 out.append(f"{mod} ({name}) imports {dep} ({dname}), a layer above it")
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            parts = dep.split(".")
+            if (dep.startswith(ASSETS + ".") and len(parts) == 5 and parts[-1] not in ASSET_HELPERS
+                    and mod != ASSETS):
+                out.append(f"{mod} imports the asset module {dep}: assets are leaves")
     for path in sorted(root.rglob("*.py")):
         mod = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
         name, _ = layer(mod)
@@ -87,9 +97,15 @@ def test_the_checker_finds_a_planted_back_import_and_a_dagster_import(tmp_path):
         # a function-local back-import (data -> defs) and Dagster in the domain layer
         "pipeline/data/checkpoints.py": "def f():\n    from spogw_dagster.pipeline.defs.partitions import x\n",
         "pipeline/domain/heldout.py": "import dagster as dg\n",
-        "core/objectives.py": "from spogw_dagster.pipeline.data import tables\n"})
+        "core/objectives.py": "from spogw_dagster.pipeline.data import tables\n",
+        "pipeline/defs/assets/__init__.py": "from spogw_dagster.pipeline.defs.assets import a, b\n",
+        "pipeline/defs/assets/common.py": "",
+        "pipeline/defs/assets/a.py": "from spogw_dagster.pipeline.defs.assets.common import x\n",
+        "pipeline/defs/assets/b.py": "from spogw_dagster.pipeline.defs.assets.a import helper\n"})
     found = violations(planted)
     assert any("pipeline.data.checkpoints (data) imports spogw_dagster.pipeline.defs.partitions" in v for v in found)
     assert any("pipeline.domain.heldout (domain) imports Dagster" in v for v in found)
     assert any("core.objectives (core) imports spogw_dagster.pipeline.data.tables" in v for v in found)
-    assert len(found) == 3
+    assert any("pipeline.defs.assets.b imports the asset module spogw_dagster.pipeline.defs.assets.a" in v
+               for v in found)
+    assert len(found) == 4  # the wiring package and the shared helpers are no violation

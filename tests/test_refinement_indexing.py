@@ -1,4 +1,4 @@
-"""W4S's self-check (`sampled_workflows._self_check`) numbers and links its repairs right, checked on the CPU
+"""W4S's self-check (`domain.iteration_samples._self_check`) numbers and links its repairs right, checked on the CPU
 with a scripted sampler in place of the generator (the rest is our own bookkeeping): repairs are numbered
 after every turn's candidates (turns · m on), each points at the candidate it repairs and keeps that
 candidate's state, a candidate's effective version is its last repair, and a candidate that parses is never
@@ -6,10 +6,8 @@ sent for repair. Expected values worked out by hand below."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.defs.assets.sampled_workflows import _self_check
+from spogw_dagster.pipeline.domain.iteration_samples import _self_check
 
 GOOD = 'x = await self.code_generate(instruction="Write it.")\n        return x\n'
 BAD = "return await self.nope()\n"
@@ -33,9 +31,8 @@ class ScriptedSampler:
         return _frame(qids, self.answers.pop(0), turn=turn, idx=idx, parents=parents, repairs=repairs)
 
 
-def _context():
-    return SimpleNamespace(log=SimpleNamespace(info=lambda msg: None), partition_key="0000",
-                           assets_def=SimpleNamespace(key=SimpleNamespace(to_user_string=lambda: "sampled_workflows")))
+def _say(msg: str) -> None:
+    pass
 
 
 def test_repairs_are_numbered_after_every_turn_and_point_at_their_candidate():
@@ -50,7 +47,7 @@ def test_repairs_are_numbered_after_every_turn_and_point_at_their_candidate():
     # attempt 0 repairs q1/3, q2/2, q2/3 (in key order): q1/3 and q2/3 then parse, q2/2 not; attempt 1: q2/2 parses
     sampler = ScriptedSampler([[GOOD, BAD, GOOD], [GOOD]])
     next_repair = {"q1": 2 * 2, "q2": 2 * 2}  # turns x m: after every turn's candidates
-    rows, effective = _self_check(_context(), sampler, cur, 1, 3, next_repair)
+    rows, effective = _self_check(_say, sampler, cur, 1, 3, next_repair)
 
     assert [c["qids"] for c in sampler.calls] == [["q1", "q2", "q2"], ["q2"]]  # q1/2 parses: never repaired
     assert [c["idx"] for c in sampler.calls] == [[[4], [4], [5]], [[6]]]
@@ -70,6 +67,6 @@ def test_repairs_are_numbered_after_every_turn_and_point_at_their_candidate():
 def test_no_repairs_allowed_leaves_the_turn_as_it_was():
     cur = _frame(["q1"], [BAD], turn=0, idx=[[0]], parents=[[None]])
     sampler = ScriptedSampler([])
-    rows, effective = _self_check(_context(), sampler, cur, 0, 0, {"q1": 4})
+    rows, effective = _self_check(_say, sampler, cur, 0, 0, {"q1": 4})
     assert sampler.calls == [] and rows.height == 1
     assert [(r["sample_idx"], r["parse_status"]) for r in effective] == [(0, "invalid")]

@@ -62,7 +62,7 @@ def test_rwr_weight_of_the_w4s_reward():
 def test_feedback_queries_are_never_scored_on_validation():
     """W4S picks its states on the feedback queries and shows their answers in its prompts: a validation score
     that included them would score it where it was tuned. They are the split's last queries, left out."""
-    from spogw_dagster.pipeline.defs.assets.benchmark_report import heldout_problems
+    from spogw_dagster.pipeline.domain.heldout import heldout_problems
     from spogw_dagster.pipeline.domain.refinement import feedback_problems
     from spogw_dagster.pipeline.settings import load_config
 

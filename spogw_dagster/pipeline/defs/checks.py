@@ -80,10 +80,10 @@ def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg
                                            "never call the executor) stays under "
                                            "execution.max_executor_error_rate.")
 def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-    from spogw_dagster.pipeline.defs.assets.execution_scores import executor_error_share
+    from spogw_dagster.pipeline.domain.outage import executed_error_share
 
     limit = pipeline.config().execution.max_executor_error_rate
-    errors, executed, rate = executor_error_share(execution_scores)
+    errors, executed, rate = executed_error_share(execution_scores)
     return dg.AssetCheckResult(passed=errors == 0 or rate <= limit,
                                metadata={"executor_errors": errors, "executed_workflows": executed,
                                          "workflows": execution_scores.height, "rate": round(rate, 4),

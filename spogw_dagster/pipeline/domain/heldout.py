@@ -32,10 +32,25 @@ from spogw_dagster.contracts import Problem
 from spogw_dagster.workflow.copies import copied_from
 
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.domain.generation import generate_samples
 from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 
 CACHE_DIR = "report_cache"
+
+
+def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
+    """The report's queries (test or validation split) and the record of the split; `DomainError` when the split
+    cannot give them (too few queries, a missing data file)."""
+    from spogw_dagster.benchmarks.queries import split_problems
+
+    rep, b = cfg.report, cfg.benchmark
+    try:
+        return split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else
+                              b.validation_queries, seed=b.split_seed, path=b.data_path,
+                              reserve=cfg.reserved_validation(rep.split))
+    except ValueError as e:
+        raise DomainError(f"report.split={rep.split}: {e}") from None
 
 
 @dataclass(frozen=True)

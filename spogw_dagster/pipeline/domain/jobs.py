@@ -8,10 +8,13 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import polars as pl
+
 from spogw_dagster.contracts import Problem
+from spogw_dagster.pipeline.domain.errors import StaleInputError
 from spogw_dagster.pipeline.settings import SpogwConfig
 
-__all__ = ["EvalJob", "evaluate_jobs"]
+__all__ = ["EvalJob", "evaluate_jobs", "jobs_for"]
 
 
 @dataclass
@@ -47,3 +50,18 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
                                            op_cfg=op_cfg, limits=limits)
 
     return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
+    """One job per sampled row; unparsed rows go through as their parse status (scored, never executed)."""
+    unknown = sorted(set(sampled["query_id"].to_list()) - set(problems))
+    if unknown:
+        raise StaleInputError(f"sampled_workflows[{key}] has queries not in the configured training set "
+                              f"({unknown[:3]}); the config changed since sampling: rematerialize sampled_workflows")
+    jobs = []
+    for r in sampled.iter_rows(named=True):
+        ok = r["parse_status"] == "ok"
+        jobs.append(EvalJob(problems[r["query_id"]], r["workflow"] if ok else None,
+                            "" if ok else r["parse_status"], "" if ok else r["parse_error"],
+                            tag=(r["query_id"], r["sample_idx"], r["parse_status"])))
+    return jobs

@@ -3,32 +3,29 @@
 Every asset that executes workflows (execution_scores, benchmark_report, objective_comparison) calls
 `check_outage` on the rows it executed just now: when the share of them whose status is `executor_error`
 exceeds `execution.max_executor_error_rate`, it raises `ExecutorOutage` naming the endpoint and the fix (the
-asset turns it into `dg.Failure`: `defs/outage.py`), and the step writes nothing (a dead executor's rows are not the workflows' scores, and a report over them would compare
+asset turns it into `dg.Failure`: `defs/failures.py`), and the step writes nothing (a dead executor's rows are not the workflows' scores, and a report over them would compare
 outages, not policies). The calls that succeeded are already in the call cache, which stores successes only,
 so the rematerialization after the endpoint is back makes only the missing calls."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import polars as pl
 
-__all__ = ["ExecutorOutage", "check_outage", "executor_error_share"]
+from spogw_dagster.pipeline.domain.errors import ExecutorOutage
 
-
-class ExecutorOutage(RuntimeError):
-    """Too many of a step's workflows failed on the executor: the message says where and the fix; `metadata`
-    the counts."""
-
-    def __init__(self, message: str, metadata: dict[str, Any]):
-        super().__init__(message)
-        self.metadata = metadata
+__all__ = ["ExecutorOutage", "check_outage", "executor_error_share", "executed_error_share"]
 
 
 def executor_error_share(executed: pl.DataFrame) -> tuple[int, int, float]:
     """(executor_error rows, rows, their ratio) of rows that reached the executor."""
     errors = executed.filter(pl.col("status") == "executor_error").height
     return errors, executed.height, (errors / executed.height if executed.height else 0.0)
+
+
+def executed_error_share(scores: pl.DataFrame) -> tuple[int, int, float]:
+    """`executor_error_share` of an execution_scores frame's rows that reached the executor (runs > 0: a
+    workflow rejected by the validator never did)."""
+    return executor_error_share(scores.filter(pl.col("runs") > 0))
 
 
 def check_outage(cfg, executed: pl.DataFrame, counters: dict[str, int], *, asset: str, partition_key: str,

@@ -243,11 +243,12 @@ def _sampled_from_current_parent(store: AssetStore, key: str) -> bool:
     import dagster as dg
 
     from spogw_dagster.pipeline.defs.assets.common import parent_or_fail
-    from spogw_dagster.pipeline.defs.assets.lora_checkpoint import check_provenance
+    from spogw_dagster.pipeline.domain.errors import StaleInputError
+    from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
     try:
-        check_provenance(key, parent_or_fail(store, key), store.read_parquet("sampled_workflows", key))
-    except dg.Failure:
+        check_sampled_from_parent(key, parent_or_fail(store, key), store.read_parquet("sampled_workflows", key))
+    except (dg.Failure, StaleInputError):  # no parent (parent_or_fail), or another parent than the one sampled
         return False
     return True
 

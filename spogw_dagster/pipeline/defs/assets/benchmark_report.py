@@ -13,10 +13,10 @@ from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
-from spogw_dagster.pipeline.defs import outage
+from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.defs.assets import heldout_results
+from spogw_dagster.pipeline.data import heldout_results
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, parent_or_fail, say
 from spogw_dagster.pipeline.defs.assets.report_metadata import report_metadata
 
@@ -35,7 +35,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     key = context.partition_key
     k = key_to_int(key)
     store = pipeline.store()
-    problems, split_info = heldout_problems(cfg)
+    with failures.as_failure():
+        problems, split_info = ho.heldout_problems(cfg)
     this, prev, reused_prev = _policies(pipeline, key, lora_checkpoint.row(0, named=True), cfg,
                                         per_policy=len(problems) * sum(n for _, n, _ in ho.modes(cfg)))
     if reused_prev is not None:
@@ -43,7 +44,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     scored = ho.score(pipeline, [this] if reused_prev is not None else [this, prev], problems, cfg, iteration=k,
                       split=cfg.report.split, reused=[reused_prev] if reused_prev is not None else [],
                       say=lambda m: say(context, m))
-    outage.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
+    failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
                           cache_path=pipeline.cache_path())
     side = heldout_results.write(store, key, scored.heldout)
     report = report_stats.summarize_heldout(scored.heldout, iteration=k, config_hash=cfg.hash,
@@ -61,19 +62,6 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_
     })
     say(context, _headline(report, this.system, prev.system) + f"; {time.monotonic() - t0:.1f} s")
     return report
-
-
-def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
-    """The report's queries (test or validation split) and the record of the split."""
-    from spogw_dagster.benchmarks.queries import split_problems
-
-    rep, b = cfg.report, cfg.benchmark
-    try:
-        return split_problems(b.name, rep.split, limit=b.heldout_queries if rep.split == "test" else
-                              b.validation_queries, seed=b.split_seed, path=b.data_path,
-                              reserve=cfg.reserved_validation(rep.split))
-    except ValueError as e:
-        raise dg.Failure(description=f"report.split={rep.split}: {e}", allow_retries=False) from None
 
 
 def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *, per_policy: int):

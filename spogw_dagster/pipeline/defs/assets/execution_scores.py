@@ -1,7 +1,7 @@
 """execution_scores(k): every sampled workflow executed R times in the sandbox against the executor and
 scored (reward ladder + benchmark metric); executor calls go through the persistent call cache.
 
-An executor outage fails the asset (`outage.py`: over `execution.max_executor_error_rate` of the executed
+An executor outage fails the asset (`domain/outage.py`: over `execution.max_executor_error_rate` of the executed
 workflows, parse rejections never call the executor). Below the threshold the rows are written with their
 `executor_error` status and curation treats them as unscored."""
 
@@ -13,13 +13,12 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.pipeline.defs import outage
+from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.domain import outage as domain_outage
-from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
+from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say
 
 NAME = "execution_scores"
@@ -33,7 +32,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     t0 = time.monotonic()
     cfg = pipeline.config()
     k = key_to_int(context.partition_key)
-    jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
+    with failures.as_failure():
+        jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
     iso = pipeline.isolation()
 
     async def run():
@@ -47,8 +47,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     ladder = cfg.reward.core()
     df = tables.execution_frame(
         tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
-    outage.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,
-                          partition_key=context.partition_key, cache_path=pipeline.cache_path())
+    failures.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,
+                            partition_key=context.partition_key, cache_path=pipeline.cache_path())
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),
         "executor": dg.MetadataValue.text(executor_model),
@@ -60,27 +60,6 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
                  f"executor calls {counters['new_calls']} new / {counters['cache_hits']} cached, "
                  f"{time.monotonic() - t0:.1f} s")
     return df
-
-
-def executor_error_share(df: pl.DataFrame) -> tuple[int, int, float]:
-    """(executor_error rows, executed rows, their ratio): rows with no run (parse rejections) never called the
-    executor and do not count."""
-    return domain_outage.executor_error_share(df.filter(pl.col("runs") > 0))
-
-
-def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
-    """One job per sampled row; unparsed rows go through as their parse status (scored, never executed)."""
-    unknown = sorted(set(sampled["query_id"].to_list()) - set(problems))
-    if unknown:
-        raise dg.Failure(f"sampled_workflows[{key}] has queries not in the configured training set ({unknown[:3]}); "
-                         "the config changed since sampling: rematerialize sampled_workflows")
-    jobs = []
-    for r in sampled.iter_rows(named=True):
-        ok = r["parse_status"] == "ok"
-        jobs.append(EvalJob(problems[r["query_id"]], r["workflow"] if ok else None,
-                            "" if ok else r["parse_status"], "" if ok else r["parse_error"],
-                            tag=(r["query_id"], r["sample_idx"], r["parse_status"])))
-    return jobs
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:

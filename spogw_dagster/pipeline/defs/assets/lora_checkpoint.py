@@ -17,9 +17,11 @@ import polars as pl
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say
 
 NAME = "lora_checkpoint"
@@ -38,7 +40,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharp
     key = context.partition_key
     store = pipeline.store()
     parent = parent_or_fail(store, key)
-    check_provenance(key, parent, sampled_workflows)
+    with failures.as_failure():
+        check_sampled_from_parent(key, parent, sampled_workflows)
     tcfg = cfg.train_config()
     examples, used = training_inputs.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
                                           tcfg.objective_config(), key_to_int(key))
@@ -52,31 +55,6 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharp
                  f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
                  + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
     return tables.checkpoint_frame(row)
-
-
-def check_provenance(key: str, parent, sampled: pl.DataFrame) -> None:
-    """Refuse to train when sampled_workflows(k) was sampled from another adapter than the one now at k-1: the
-    trainer recomputes π_old from that adapter, which would then not be the policy that produced the data
-    (the importance ratios and the KL anchor would be wrong, silently). Fails before anything is written."""
-    if "parent_adapter_sha256" not in sampled.columns or sampled.height == 0:
-        return
-    recorded = sorted({str(v) if v is not None else "none (the base model)"
-                       for v in sampled["parent_adapter_sha256"].to_list()})
-    now = parent.sha256 if parent else None
-    if recorded == [now if now is not None else "none (the base model)"]:
-        return
-    where = f"lora_checkpoint[{parent.partition}] ({parent.path})" if parent else "the base model"
-    raise dg.Failure(
-        description=(
-            f"sampled_workflows[{key}] was sampled from the adapter with sha256 {', '.join(r[:16] for r in recorded)}, "
-            f"but π_{{k-1}} is now {where} with sha256 {(now or 'none')[:16]}: it was rematerialized or replaced "
-            f"after iteration {key} sampled, so the π_old the trainer would recompute is not the policy that produced "
-            f"these samples. Not training. Rematerialize sampled_workflows[{key}] and the assets after it for "
-            f"partition {key} (e.g. `spogw run --force`, or select sampled_workflows and its downstream for partition "
-            f"{key} in the UI); or restore the adapter that iteration {key} sampled from."),
-        metadata={"recorded_parent_adapter_sha256": dg.MetadataValue.text(", ".join(recorded)),
-                  "current_parent_adapter_sha256": dg.MetadataValue.text(now or "none")},
-        allow_retries=False)
 
 
 def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:

@@ -30,14 +30,15 @@ from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
-from spogw_dagster.pipeline.defs import outage
+from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.partitions import key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
 from spogw_dagster.pipeline.data.storage import AssetStore
-from spogw_dagster.pipeline.defs.assets.benchmark_report import heldout_problems
+from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
+from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
+from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say
-from spogw_dagster.pipeline.defs.assets.lora_checkpoint import check_provenance
 
 NAME = "objective_comparison"
 GROUP = "evaluation"
@@ -72,7 +73,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     k = key_to_int(key)
     store = pipeline.store()
     parent = parent_or_fail(store, key)
-    check_provenance(key, parent, sampled_workflows)  # π_old of every method is recomputed from this parent
+    with failures.as_failure():  # π_old of every method is recomputed from this parent
+        check_sampled_from_parent(key, parent, sampled_workflows)
     rows_sha = candidate_rows_sha256(sampled_workflows, execution_scores)
     frames = (sampled_workflows, execution_scores, sharpened_groups)
     runs, own = [], []
@@ -99,7 +101,8 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     if own:
         store.write_parquet(DATA_TABLE, key, pl.concat(own, how="diagonal_relaxed"))
     scfg = scoring_config(cfg)
-    problems, split_info = heldout_problems(scfg)
+    with failures.as_failure():
+        problems, split_info = ho.heldout_problems(scfg)
     heldout = _score(context, pipeline, scfg, runs, problems, store, key, benchmark_report)
     store.write_parquet(SIDE_TABLE, key, heldout)
     reference = "spogw" if "spogw" in cfg.comparison.objectives else cfg.comparison.objectives[0]
@@ -189,18 +192,16 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
 
     from spogw_dagster.seeds import derive_seed
 
-    from spogw_dagster.pipeline.domain.jobs import evaluate_jobs
-    from spogw_dagster.pipeline.defs.assets.execution_scores import jobs_for
-    from spogw_dagster.pipeline.defs.assets.sampled_workflows import sample_iteration
-
     mpipe = PipelineResource(assets_dir=pipeline.assets_dir, config_json=json.dumps(mcfg.canonical(), default=str))
     g = mcfg.generator
     problems = mpipe.train_queries()
     say(context, f"{name}: sampling {mcfg.curation.m} workflows for each of {len(problems)} queries at T = "
                  f"{g.temperature}, top-p {g.top_p}"
                  + (f", {mcfg.refinement.turns} W4S turns" if mcfg.refinement.enabled else ""))
-    sampled, _ = sample_iteration(context, mpipe, mcfg, k, parent, problems, derive_seed(g.seed, "sample", k))
-    jobs = jobs_for(sampled, {p.id: p for p in problems}, f"{k:04d}")
+    sampled, _ = sample_iteration(mpipe, mcfg, k, parent, problems, derive_seed(g.seed, "sample", k),
+                                  say=lambda m: say(context, m))
+    with failures.as_failure():
+        jobs = jobs_for(sampled, {p.id: p for p in problems}, f"{k:04d}")
     iso = mpipe.isolation()
 
     async def run():
@@ -214,8 +215,8 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     ladder = mcfg.reward.core()
     scores = tables.execution_frame(tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code)
                                     for j, r in zip(jobs, results))
-    outage.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,
-                          partition_key=f"{k:04d}", cache_path=mpipe.cache_path())
+    failures.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,
+                            partition_key=f"{k:04d}", cache_path=mpipe.cache_path())
     return sampled, scores
 
 
@@ -298,7 +299,7 @@ def _score(context, pipeline: PipelineResource, cfg: SpogwConfig, runs: list[Met
             policies.append(ho.Policy(r.method, "method", r.adapter, k, r.adapter_sha256))
     scored = ho.score(pipeline, policies, problems, cfg, iteration=k, split=cfg.report.split, reused=reused,
                       say=lambda m: say(context, m))
-    outage.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
+    failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
                           cache_path=pipeline.cache_path())
     return scored.heldout
 
