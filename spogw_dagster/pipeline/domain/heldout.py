@@ -114,6 +114,11 @@ def baseline_jobs(method: str, problems: Sequence[Problem], cfg) -> Planned:
             for mode, j in plan for p in problems]
 
 
+def heldout_runs(cfg) -> int:
+    """Executor runs per held-out workflow (its answer score the mean): `report.runs`, else `execution.runs`."""
+    return cfg.report.runs if cfg.report.runs is not None else cfg.execution.runs
+
+
 def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     """Everything a baseline's rows depend on (not the generator, not the checkpoint)."""
     from spogw_dagster.evaluation import baseline_workflow
@@ -124,6 +129,8 @@ def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
            "queries": [[p.id, p.question, p.answer] for p in problems], "executor": c["executor"],
            "execution": c["execution"], "reward": c["reward"],
            "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 2}
+    if rep.get("runs") is not None:  # only when set: the keys of every earlier baseline stay valid
+        doc["runs"] = heldout_runs(cfg)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -158,7 +165,8 @@ def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tupl
         results: list[Any] = [None] * len(planned)
         async with pipeline.executor() as ex:
             for seed, idx in by_seed.items():
-                res = await evaluate_jobs([planned[i][1] for i in idx], ex.executor, iso, cfg, seed=seed)
+                res = await evaluate_jobs([planned[i][1] for i in idx], ex.executor, iso, cfg, seed=seed,
+                                          runs=heldout_runs(cfg))
                 for i, r in zip(idx, res):
                     results[i] = r
             return results, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}

@@ -28,8 +28,10 @@ class EvalJob:
     tag: Any = None
 
 
-async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int) -> list:
-    """Execute and score every job with bounded concurrency; rejected jobs score 0 without running."""
+async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int,
+                        runs: int | None = None) -> list:
+    """Execute and score every job with bounded concurrency, each the mean of `runs` executor runs (None:
+    `execution.runs`); rejected jobs score 0 without running."""
     from spogw_dagster.evaluation import EvalResult, evaluate_workflow
     from spogw_dagster.contracts import Status
     from spogw_dagster.workflow.operators import OperatorConfig
@@ -40,13 +42,14 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
                             max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
     limits = DEFAULT_LIMITS.with_(wall_s=cfg.execution.wall_s)
     sem = asyncio.Semaphore(cfg.execution.concurrency)
+    runs = cfg.execution.runs if runs is None else int(runs)
 
     async def one(j: EvalJob):
         if j.code is None:
             return EvalResult(j.problem.benchmark, j.problem.id, Status(j.reject_status), 0.0,
                               error=j.reject_reason, isolation=iso.name)
         async with sem:
-            return await evaluate_workflow(j.code, j.problem, executor, iso, runs=cfg.execution.runs, seed=seed,
+            return await evaluate_workflow(j.code, j.problem, executor, iso, runs=runs, seed=seed,
                                            op_cfg=op_cfg, limits=limits)
 
     return list(await asyncio.gather(*(one(j) for j in jobs)))
