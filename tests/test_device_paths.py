@@ -42,3 +42,14 @@ def test_the_path_changes_no_config_hash():
     for v in (True, False):
         other = load_config("tiny", overrides={"training": {"shared_prompt": v}})
         assert other.hash == base.hash and other.training.core(0.5).shared_prompt is v
+
+
+def test_a_run_that_took_either_path_is_the_same_run():
+    # a finished run's stats record the path it took (True on the CPU); the config asking for None is that run
+    # (the comparison reuses the loop's checkpoint on this: objective_comparison._trained_the_same)
+    from spogw_dagster.core.trainer import TrainConfig, config_identity
+
+    asked = TrainConfig(seed=3)
+    recorded = {**asked.to_dict(), "shared_prompt": True}
+    assert config_identity(recorded) == asked.identity()
+    assert config_identity({**recorded, "seed": 4}) != asked.identity()  # anything else still tells runs apart

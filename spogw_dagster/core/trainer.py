@@ -246,6 +246,16 @@ class TrainConfig(ObjectiveConfig):
             d.pop("rwr_reward", None)
         return d
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two runs the same run: `to_dict` without the forward path (`shared_prompt`), which changes
+        how a batch is computed, not what is trained."""
+        return config_identity(self.to_dict())
+
+
+def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A TrainConfig dict (a run's stats keep one) without what does not change the run: `shared_prompt`."""
+    return {k: v for k, v in config.items() if k != "shared_prompt"}
+
 
 @dataclass
 class TrainExample:
@@ -727,10 +737,8 @@ def finished_run(examples, cfg: TrainConfig, output_dir, base_model, previous_ad
 def run_hashes(cfg: TrainConfig, exs: Sequence[TrainExample], folder: Path, prev: Path | None) -> dict[str, Any]:
     """What identifies a training run: config, data, base model and previous adapter (each hashed). The forward
     path (`shared_prompt`) is not: both compute the same run."""
-    config = cfg.to_dict()
-    config.pop("shared_prompt", None)
     return {
-        "config": _sha(config),
+        "config": _sha(cfg.identity()),
         "data": data_hash(exs),
         "base_model": _sha(_model_identity(folder)),
         "previous_adapter": _file_sha(prev / ADAPTER_WEIGHTS) if prev is not None else None,

@@ -272,12 +272,14 @@ def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
     """Whether the adapter's training record shows this config and these examples (the parent is checkpoint
     k-1 for both, by lineage)."""
     from spogw_dagster.adapter_files import STATS_FILE
+    from spogw_dagster.core.trainer import config_identity
 
     try:
         stats = json.loads((adapter / STATS_FILE).read_text())
     except (OSError, ValueError):
         return False
-    same_config = json.loads(json.dumps(stats.get("config"))) == json.loads(json.dumps(tcfg.to_dict()))
+    same_config = (json.loads(json.dumps(config_identity(stats.get("config") or {})))
+                   == json.loads(json.dumps(tcfg.identity())))  # the forward path taken is no difference
     return same_config and stats.get("hashes", {}).get("data") == examples_sha256
 
 
