@@ -550,7 +550,8 @@ def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device
 
     ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
     bs = max(cfg.batch_size, 1)
-    if cfg.shared_prompt:
+    shared = _shared_path(cfg, device)
+    if shared:
         by_length = sorted(items, key=lambda x: len(x.prompt_ids))  # similar prompt lengths pad less
         order = [by_length[i] for i in rows_by_prompt([x.prompt_ids for x in by_length])]
     else:
@@ -559,13 +560,18 @@ def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device
     mine: dict[int, list[float]] = {}
     with torch.no_grad(), ctx:
         for chunk in dist.shard(chunks):
-            b = build_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id, cfg.shared_prompt)
+            b = build_batch([x.prompt_ids for x in chunk], [x.completion_ids for x in chunk], pad_id, shared)
             lp = completion_logprobs(model, b.to(device), cfg.logprob_T).cpu()
             for j, x in enumerate(chunk):
                 mine[x.idx] = lp[j, : len(x.completion_ids)].tolist()
     got = {i: v for part in dist.gather(mine) for i, v in part.items()}
     for x in items:
         setattr(x, attr, got[x.idx])
+
+
+def _shared_path(cfg: TrainConfig, device) -> bool:
+    """`cfg.shared_prompt`, or where it is None the path measured faster on `device` (core/device_paths.py)."""
+    return shared_prompt_for(getattr(device, "type", str(device).split(":")[0]), cfg.shared_prompt)
 
 
 def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: int, device):
@@ -575,7 +581,7 @@ def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: 
     the same log-probs, loss and gradients up to float rounding (tests/test_trainer_shared_prompt.py)."""
     from spogw_dagster.core.logprobs import build_batch, completion_logprobs
 
-    b = build_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id, cfg.shared_prompt)
+    b = build_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], pad_id, _shared_path(cfg, device))
     b = b.to(device)
     return completion_logprobs(model, b, cfg.logprob_T), b
 
