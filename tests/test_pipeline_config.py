@@ -19,9 +19,11 @@ def test_profiles_load_and_build_core_configs():
         assert cfg.benchmark.name == "humaneval"
         assert cfg.executor.url is None  # embedded executor
     assert set(profile_names()) == {"tiny", "ci", "answers", "paper"}
-    # answers: the capable bundled executor and generator, held-out over every test query of the split
+    # answers: the capable bundled executor and generator; the headline run: one iteration, held out on the
+    # first 40 test queries beside IO (about 50 minutes on 2 cores)
     a = load_config("answers")
-    assert (a.executor.model, a.generator.model, a.benchmark.heldout_queries) == ("qwen2.5-coder-0.5b",) * 2 + (83,)
+    assert (a.executor.model, a.generator.model, a.benchmark.heldout_queries) == ("qwen2.5-coder-0.5b",) * 2 + (40,)
+    assert (a.iterations, a.report.baselines, a.generator.prompt) == (1, ("io",), "anchored")
     assert load_config().profile == "tiny"  # the default
 
 
@@ -171,3 +173,12 @@ def test_training_processes_reach_the_assets_and_stay_out_of_the_hashes(tmp_path
     assert "processes" not in two.train_config().to_dict()  # nor in the trainer's run hash
     with pytest.raises(ConfigValidationError, match=r"processes=2 with training.lora_dropout=0.1.*lora_dropout: 0"):
         load_config("ci", overrides={"training": {"processes": 2, "lora_dropout": 0.1}})
+
+
+def test_every_other_profile_points_to_the_headline_run():
+    from spogw_dagster.pipeline.profiles import HEADLINE_RUN, PROFILES
+    from spogw_dagster.pipeline.runs.loop import headline_pointer
+
+    assert HEADLINE_RUN["profile"] in PROFILES and headline_pointer(HEADLINE_RUN["profile"]) == ""
+    line = headline_pointer("tiny")
+    assert HEADLINE_RUN["command"] in line and HEADLINE_RUN["wall"] in line and "README" in line

@@ -320,6 +320,8 @@ def test_spogw_run_skips_finished_iterations_and_prints_the_table(loop, tmp_path
     assert [o.status for o in outcomes] == ["skipped", "skipped"]
     assert "held-out scores per iteration" in text and "spogw@0001" in text and "baseline:io" in text
     assert "Δ vs previous" in text and "answer score" in text and "near copy" in text
+    # the embedded default points to the run where answers can move, with its wall time
+    assert "the headline run" in text and "spogw run --profile answers" in text and "min" in text
     assert (tmp_path / "home" / "dagster.yaml").is_file()
 
 

@@ -207,6 +207,9 @@ def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO,
                     break
         say("")
         say(summary_table(store, cfg.iterations))
+        if pointer := headline_pointer(cfg.profile):
+            say("")
+            say(pointer)
     finally:
         if own_instance:
             instance.dispose()
@@ -364,6 +367,16 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     return "\n".join([f"held-out scores per iteration ({split} split; 95% intervals: Wilson with the query design "
                       "effect for rates, query bootstrap for means; Δ: paired bootstrap over queries)", "",
                       curve_table_text(rep)] + (["", head] if head else []))
+
+
+def headline_pointer(profile: str) -> str:
+    """Under any profile but the headline's, where the headline run is and what it costs."""
+    from spogw_dagster.pipeline.profiles import HEADLINE_RUN as h
+
+    if profile == h["profile"]:
+        return ""
+    return (f"the headline run (Qwen2.5-Coder-0.5B as generator and executor, where answers can move): "
+            f"`{h['command']}`, {h['wall']}; its numbers: {h['where']}")
 
 
 def run_seeds(profile: str | None, config_file: str | None, iterations: int | None, assets_dir, seeds: list[int],
