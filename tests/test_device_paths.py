@@ -35,13 +35,17 @@ def test_the_training_config_takes_none_and_refuses_anything_else():
         TrainConfig(shared_prompt="yes")  # type: ignore[arg-type]
 
 
-def test_the_path_changes_no_config_hash():
+def test_the_path_changes_no_config_hash_and_reaches_the_assets(tmp_path):
+    from spogw_dagster.pipeline.defs.resources import PipelineResource
     from spogw_dagster.pipeline.settings import load_config
 
     base = load_config("tiny")
     for v in (True, False):
         other = load_config("tiny", overrides={"training": {"shared_prompt": v}})
         assert other.hash == base.hash and other.training.core(0.5).shared_prompt is v
+        # the assets read the config from the resource's JSON: a forced path must survive it
+        seen = PipelineResource.from_config(other, tmp_path).config()
+        assert seen.training.shared_prompt is v and seen.train_config().shared_prompt is v
 
 
 def test_a_run_that_took_either_path_is_the_same_run():

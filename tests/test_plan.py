@@ -147,3 +147,14 @@ def test_plan_names_the_training_processes():
     assert (one.processes, two.processes) == (1, 2)
     assert (one.steps, one.training_rows) == (two.steps, two.training_rows)  # the same global batch, split
     assert "on 2 processes" in format_plan(two) and "processes" not in format_plan(one)
+
+
+def test_report_runs_multiply_only_the_reports_executor_calls():
+    from spogw_dagster.pipeline.runs.plan import plan_from_config
+    from spogw_dagster.pipeline.settings import load_config
+
+    one = plan_from_config(load_config("answers"))
+    three = plan_from_config(load_config("answers", overrides={"report": {"runs": 3}}))
+    # answers: 40 held-out queries, greedy only, k > 0: 40 workflows x 8 calls (the cap) x R
+    assert (one.report_workflows, one.report_executor_calls) == (40, 40 * 8)
+    assert three.report_executor_calls == 3 * 40 * 8 and three.executor_calls == one.executor_calls

@@ -7,8 +7,9 @@ Two paths compute the same numbers in two ways, and which one is faster depends 
 - sampling (`TransformersSampler(prefix_sharing=...)`): each distinct prompt is prefilled once and our own loop
   decodes its rows (prefix-shared), or one `model.generate` per batch prefills every row (plain).
 
-Both give the same losses, gradients and log-probs up to float rounding (tests/test_trainer_shared_prompt.py,
-tests/test_device_paths.py). A setting of None takes the path this table says is faster on the device;
+The training paths give the same losses, gradients and log-probs up to float rounding
+(tests/test_trainer_shared_prompt.py); the sampling paths the same distribution and log-prob convention, but
+other samples for a seed (another random stream: tests/test_sampling_prefix.py). A setting of None takes the path this table says is faster on the device;
 True or False forces one. A device type nobody measured gets the plain (reference) paths.
 """
 

@@ -22,7 +22,7 @@ All log-probs are ``log softmax(logits / T)`` of the completion tokens with
 ``T = cfg.logprob_temperature(cfg.temperature)``: the sampling temperature for spogw / grpo / grpo_nokl
 (π_old is the sampler's distribution), 1 for score_dpo and rwr (ScoreFlow's TRL DPO and W4S score at
 T = 1); prompt tokens are context only. score_dpo trains on explicit pairs: each example carries
-``role`` "chosen" or "rejected" and its pair's ``group_id``; a pair's two rows share a micro-batch. With ``cfg.shared_prompt`` (default) every pass runs each distinct prompt of a batch once and
+``role`` "chosen" or "rejected" and its pair's ``group_id``; a pair's two rows share a micro-batch. With ``cfg.shared_prompt`` (None, the default: the device's faster path, shared on the CPU) every pass runs each distinct prompt of a batch once and
 only the completions per row (`core.logprobs.SharedPromptBatch`); micro-batches keep a prompt's rows together. The loss is `core.objectives.compute_loss(cfg.objective, ...)`.
 
 Output: a standard PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by

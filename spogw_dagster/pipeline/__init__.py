@@ -8,16 +8,16 @@ Subpackages by concern (imports go from run control to definitions to the domain
 - `settings`, `profiles`  typed, validated configuration (curation/training/reward sections derived from the
                           core's dataclasses) and the shipped profiles (tiny, answers, ci, paper)
 - `defs/`     the Dagster definitions: `assets/` (one module per asset), checks, sensors, the IO manager, the
-              resource, partitions, the step-container executor, code versions, the outage rule, plots, and
-              `wiring` (the Definitions)
+              resource, partitions, the run executors, the step-container executor, code versions,
+              `failures` (domain errors as `dg.Failure`), plots, and `wiring` (the Definitions)
 - `runs/`     run control: `loop` (`spogw run`), `container_steps`, `commands` (the CLI
               subcommands), `preflight` (`spogw check`), `plan`, `cleanup` (`spogw gc`)
-- `domain/`   domain logic without Dagster: `generation` (sampling the generator), `jobs` (executing and
-              scoring workflows), `refinement` (W4S's turns), `heldout` (the report's scoring), `outage`,
-              `headline`
+- `domain/`   domain logic without Dagster: `generation` (sampling the generator), `iteration_samples`
+              (an iteration's rows, W4S's turns), `refinement` (W4S's feedback), `jobs` (executing and scoring
+              workflows), `heldout` (the report's scoring), `lineage`, `outage`, `errors`, `headline`
 - `data/`     the data layer: `storage` (atomic Parquet, adapter folders), `catalog` (DuckDB), `tables`
               (schemas and pure frame builders), `checkpoints` (the parent lookup, a carried-forward adapter),
-              `iteration_keys`, `locks` (the assets directory's lock)
+              `iteration_keys`, `locks` (the assets directory's lock), `heldout_results`
 
 Order: runs -> defs -> domain -> data -> settings/profiles; only defs and runs import Dagster
 (tests/test_layers.py).

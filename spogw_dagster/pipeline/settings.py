@@ -257,7 +257,7 @@ TRAINING_FROM_GENERATOR = ("temperature", "dtype")
 
 class RewardSection(_derived(Ladder)):  # type: ignore[misc]
     """FloWright-style reward ladder r = format·w_f + valid·w_v + executes·w_e + answer·w_a: the fields of
-    `pipeline.rewards.Ladder` (see it for their meaning and bounds)."""
+    `core.rewards.Ladder` (see it for their meaning and bounds)."""
 
     def core(self) -> Ladder:
         return Ladder(**self.model_dump())
@@ -303,8 +303,6 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         obj = d.get("objective") if isinstance(d, dict) else None
         if isinstance(d, dict) and (obj not in registry.names() or registry.get(obj).data != "candidates"):
             d.pop("rwr_reward", None)
-        if isinstance(d, dict):
-            d.pop("shared_prompt", None)  # how a batch is computed, not what is trained (core/device_paths.py)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
@@ -521,6 +519,7 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
     if not cfg.refinement.enabled:
         d.pop("refinement", None)
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
+    d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
     return d
 
 

@@ -193,8 +193,9 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
                    max_llm_calls: int, executor_max_tokens: int, batch_size: int, grad_accum: int = 1,
                    epochs: int = 1, heldout: int = 0, report_greedy: bool = True, report_samples: int = 0,
                    first_iteration: bool = False, measured: Measured | None = None,
-                   speeds: Speeds | None = None, processes: int = 1) -> IterationPlan:
-    """The work of one iteration (module docstring). Measured averages replace the caps where given."""
+                   speeds: Speeds | None = None, processes: int = 1, report_runs: int | None = None) -> IterationPlan:
+    """The work of one iteration (module docstring). Measured averages replace the caps where given.
+    `report_runs`: executor runs per held-out workflow (`report.runs`; None = `runs`)."""
     ms = measured or Measured()
     sp = speeds or Speeds()
     samples = d * m
@@ -210,7 +211,7 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
     rows, uniq = d * rows_q, d * uniq_q
     policies = 2 if first_iteration else 1  # the base model's report rows at k = 0
     report_wf = heldout * (int(report_greedy) + report_samples) * policies
-    report_calls = report_wf * runs * cpw
+    report_calls = report_wf * (runs if report_runs is None else report_runs) * cpw
     gen_tokens = samples * tok_sample
     exec_ct = calls * ct_call
     pt = ms.prompt_tokens_per_call
@@ -251,7 +252,7 @@ def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds 
         batch_size=tr.batch_size, grad_accum=getattr(tr, "grad_accum", 1), epochs=tr.epochs,
         heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
         first_iteration=first_iteration, measured=measured, speeds=speeds,
-        processes=getattr(tr, "processes", 1))
+        processes=getattr(tr, "processes", 1), report_runs=getattr(cfg.report, "runs", None))
 
 
 def measure_assets(root: str | Path) -> Measured | None:
