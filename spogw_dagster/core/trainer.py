@@ -571,7 +571,7 @@ def _precompute(model, items: list[_Item], pad_id: int, cfg: TrainConfig, device
 
 def _shared_path(cfg: TrainConfig, device) -> bool:
     """`cfg.shared_prompt`, or where it is None the path measured faster on `device` (core/device_paths.py)."""
-    return shared_prompt_for(getattr(device, "type", str(device).split(":")[0]), cfg.shared_prompt)
+    return shared_prompt_for(str(getattr(device, "type", device)), cfg.shared_prompt)  # "cuda:1" reads as cuda
 
 
 def _micro_batch_logprobs(model, mb: Sequence[_Item], cfg: TrainConfig, pad_id: int, device):
@@ -674,7 +674,7 @@ def train_lora(
     t_start = time.perf_counter()
     dist = from_environment(cpu=_device(cfg).type == "cpu")
     device = _device(cfg, dist)
-    cfg = replace(cfg, shared_prompt=shared_prompt_for(device.type, cfg.shared_prompt))  # stats record the path
+    cfg = replace(cfg, shared_prompt=_shared_path(cfg, device))  # the stats record the path taken
     if not dist.main:  # one voice: rank 0 reports for all
         log = progress = None
     torch.manual_seed(cfg.seed)
