@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from spogw_dagster.contracts import SamplingParams  # noqa: E402
-from spogw_dagster.core.sampling import make_sampler  # noqa: E402
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora  # noqa: E402
+from spogw_dagster.core.inference.sampling import make_sampler  # noqa: E402
+from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora  # noqa: E402
 from spogw_dagster.benchmarks.queries import split_problems  # noqa: E402
 from spogw_dagster.pipeline.settings import load_config  # noqa: E402
 from spogw_dagster.pipeline.data.tables import parse_completion  # noqa: E402

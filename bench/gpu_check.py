@@ -9,7 +9,7 @@ On a machine with an NVIDIA GPU (after `pip install -e ".[gpu]"`, or pass `--ins
    (target >= 0.9). The adapter is the newest `lora_checkpoint` under --assets-dir (or --adapter); with none,
    a random rank-16 PEFT adapter (non-zero B, so it changes the outputs) is written to a temp folder.
 2. **Log-probs**: vLLM's log-probs of the sampled tokens (with LoRA) against the trainer's teacher-forced
-   recomputation (`core/trainer.py::score_examples`, the model in bf16 on the GPU) of the same token ids:
+   recomputation (`core/training/trainer.py::score_examples`, the model in bf16 on the GPU) of the same token ids:
    pass when mean |Δ| <= --tol-mean (0.05 nats) and the 99th percentile |Δ| <= --tol-p99 (0.5 nats): bf16
    kernels differ between the two engines, so token-level noise of a few hundredths is expected; a
    temperature or adapter mismatch shows up as a mean shift of tenths.
@@ -244,7 +244,7 @@ def _prompts(n: int) -> list[str]:
 
 
 def _sample(sampler: Any, prompts: list[str], args: argparse.Namespace, lora: Any) -> tuple[list, float]:
-    from spogw_dagster.core.sampling import SamplingParams
+    from spogw_dagster.core.inference.sampling import SamplingParams
 
     sampler._lora = lora
     params = SamplingParams(temperature=args.temperature, top_p=1.0, max_tokens=args.max_tokens, seed=args.seed)
@@ -299,8 +299,8 @@ def run(args: argparse.Namespace) -> Results:
 
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA device visible to torch")
-        from spogw_dagster.core.sampling import VLLMSampler
-        from spogw_dagster.core.trainer import TrainExample, score_examples
+        from spogw_dagster.core.inference.sampling import VLLMSampler
+        from spogw_dagster.core.training import TrainExample, score_examples
         from spogw_dagster.models import load_model_and_tokenizer, resolve_model
 
         folder = str(resolve_model(model_spec))

@@ -3,7 +3,7 @@ runs where GPUs are lent (and, small, on the CPU as a dry run).
 
 For each named model shape (random weights in bf16 on CUDA, float32 on the CPU; LoRA r 16 on q/k/v/o):
 
-  training  the trainer's two forwards (`core.logprobs.build_batch(..., shared_prompt=)` and
+  training  the trainer's two forwards (`core.training.logprobs.build_batch(..., shared_prompt=)` and
             `completion_logprobs`, exactly what `train_lora` runs per micro-batch): shared-prompt (each distinct
             prompt once, its KV cache indexed out to the rows) and per-row (every row's prompt again). One
             optimizer step = the π_old no-grad pass, then forward + backward + AdamW on every micro-batch.
@@ -194,7 +194,7 @@ def train_step(model, opt, batches, shared: bool, device) -> float:
     """One step as the trainer runs it: the π_old pass, then forward + backward per micro-batch, one AdamW step."""
     import torch
 
-    from spogw_dagster.core.logprobs import build_batch, completion_logprobs
+    from spogw_dagster.core.training.logprobs import build_batch, completion_logprobs
 
     _sync(device)
     t0 = time.perf_counter()
@@ -260,7 +260,7 @@ def bench_train(name: str, shape, args, device, dtype) -> dict[str, float]:
 
 
 def bench_sample(name: str, shape, args, device, dtype) -> dict[str, float]:
-    from spogw_dagster.core.sampling import SamplingParams, TransformersSampler
+    from spogw_dagster.core.inference.sampling import SamplingParams, TransformersSampler
 
     work = Workload.make(args.prompts, 1, args.prompt_tokens, 1, shape["vocab_size"], args.seed + 1)
     prompts = [" ".join(map(str, p)) for p in work.prompts]

@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from spogw_dagster.core.sampling import SamplingParams, TransformersSampler  # noqa: E402
+from spogw_dagster.core.inference.sampling import SamplingParams, TransformersSampler  # noqa: E402
 from spogw_dagster.seeds import sampler_seed  # noqa: E402
 
 TASKS = [

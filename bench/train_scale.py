@@ -62,7 +62,7 @@ def build_examples(queries: int, m: int, n: int, t: int, g_max: int, completion_
 
     from spogw_dagster.core.curation import curate
     from spogw_dagster.core.hyperparams import CurationConfig
-    from spogw_dagster.core.trainer import TrainExample
+    from spogw_dagster.core.training import TrainExample
 
     g = torch.Generator().manual_seed(seed)
     rows, text = [], {}
@@ -133,7 +133,7 @@ def one_mode(args) -> None:
     """In this (fresh) process: one train_lora run; prints one JSON line."""
     import torch
 
-    from spogw_dagster.core.trainer import TrainConfig, train_lora
+    from spogw_dagster.core.training import TrainConfig, train_lora
     from spogw_dagster.models import load_model_and_tokenizer
 
     if args.threads:

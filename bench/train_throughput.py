@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from spogw_dagster.core.logprobs import build_completion_batch  # noqa: E402
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, _batches, _tokenize, train_lora  # noqa: E402
+from spogw_dagster.core.training.logprobs import build_completion_batch  # noqa: E402
+from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora  # noqa: E402
+from spogw_dagster.core.training.batching import micro_batches, tokenize  # noqa: E402
 from spogw_dagster.models import load_model_and_tokenizer  # noqa: E402
 
 
@@ -80,10 +81,10 @@ def plain_lora_steps(examples, cfg: TrainConfig) -> tuple[float, int]:
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate)
-    items = _tokenize(examples, tok, cfg)
+    items = tokenize(examples, tok, cfg)
     seconds, tokens = 0.0, 0
     for epoch in range(cfg.epochs):
-        for mb in _batches(items, cfg, epoch):
+        for mb in micro_batches(items, cfg, epoch):
             t = time.perf_counter()
             b = build_completion_batch([x.prompt_ids for x in mb], [x.completion_ids for x in mb], tok.pad_token_id)
             labels = b.input_ids.clone()
@@ -213,7 +214,7 @@ def one_batch_peak(shared: bool, m: int, completion_tokens: int) -> None:
     """In this (fresh) process: peak RSS over the loaded model of one fwd + bwd of 1 prompt x m completions."""
     from peft import LoraConfig, get_peft_model
 
-    from spogw_dagster.core.trainer import _micro_batch_logprobs, _micro_batch_objective
+    from spogw_dagster.core.training.passes import micro_batch_logprobs, micro_batch_objective
 
     model, tok = load_model_and_tokenizer("smollm2")
     pcfg, rows = realistic_rows(1, m, tok)
@@ -222,14 +223,14 @@ def one_batch_peak(shared: bool, m: int, completion_tokens: int) -> None:
     model = get_peft_model(model, LoraConfig(r=tcfg.lora_r, lora_alpha=tcfg.lora_alpha,
                                              target_modules=list(tcfg.target_modules), task_type="CAUSAL_LM"))
     model.train()
-    items = _tokenize(rows, tok, tcfg)
+    items = tokenize(rows, tok, tcfg)
     for it in items:
         it.completion_ids = (it.completion_ids * 8)[:completion_tokens]
         it.old = it.ref = [-1.0] * completion_tokens
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
     before = _rss_kib("VmRSS")
-    logp, b = _micro_batch_logprobs(model, items, tcfg, tok.pad_token_id, torch.device("cpu"))
-    _micro_batch_objective(items, tcfg, logp, b.completion_mask, torch.device("cpu")).loss.backward()
+    logp, b = micro_batch_logprobs(model, items, tcfg, tok.pad_token_id, torch.device("cpu"))
+    micro_batch_objective(items, tcfg, logp, b.completion_mask, torch.device("cpu")).loss.backward()
     peak = _rss_kib("VmHWM")
     print(f"PEAK {(peak - before) / 1024:.0f} MiB prompt={len(items[0].prompt_ids)}")
 

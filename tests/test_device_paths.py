@@ -28,7 +28,7 @@ def test_an_unmeasured_device_gets_the_reference_paths_and_a_setting_wins():
 
 def test_the_training_config_takes_none_and_refuses_anything_else():
     from spogw_dagster.core.hyperparams import ConfigError
-    from spogw_dagster.core.trainer import TrainConfig
+    from spogw_dagster.core.training import TrainConfig
 
     assert TrainConfig().shared_prompt is None
     with pytest.raises(ConfigError, match="shared_prompt"):
@@ -51,7 +51,7 @@ def test_the_path_changes_no_config_hash_and_reaches_the_assets(tmp_path):
 def test_a_run_that_took_either_path_is_the_same_run():
     # a finished run's stats record the path it took (True on the CPU); the config asking for None is that run
     # (the comparison reuses the loop's checkpoint on this: objective_comparison._trained_the_same)
-    from spogw_dagster.core.trainer import TrainConfig, config_identity
+    from spogw_dagster.core.training import TrainConfig, config_identity
 
     asked = TrainConfig(seed=3)
     recorded = {**asked.to_dict(), "shared_prompt": True}

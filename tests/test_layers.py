@@ -97,7 +97,7 @@ def test_the_checker_finds_a_planted_back_import_and_a_dagster_import(tmp_path):
         # a function-local back-import (data -> defs) and Dagster in the domain layer
         "pipeline/data/checkpoints.py": "def f():\n    from spogw_dagster.pipeline.defs.partitions import x\n",
         "pipeline/domain/heldout.py": "import dagster as dg\n",
-        "core/objectives.py": "from spogw_dagster.pipeline.data import tables\n",
+        "core/training/objectives.py": "from spogw_dagster.pipeline.data import tables\n",
         "pipeline/defs/assets/__init__.py": "from spogw_dagster.pipeline.defs.assets import a, b\n",
         "pipeline/defs/assets/common.py": "",
         "pipeline/defs/assets/a.py": "from spogw_dagster.pipeline.defs.assets.common import x\n",
@@ -105,7 +105,7 @@ def test_the_checker_finds_a_planted_back_import_and_a_dagster_import(tmp_path):
     found = violations(planted)
     assert any("pipeline.data.checkpoints (data) imports spogw_dagster.pipeline.defs.partitions" in v for v in found)
     assert any("pipeline.domain.heldout (domain) imports Dagster" in v for v in found)
-    assert any("core.objectives (core) imports spogw_dagster.pipeline.data.tables" in v for v in found)
+    assert any("core.training.objectives (core) imports spogw_dagster.pipeline.data.tables" in v for v in found)
     assert any("pipeline.defs.assets.b imports the asset module spogw_dagster.pipeline.defs.assets.a" in v
                for v in found)
     assert len(found) == 4  # the wiring package and the shared helpers are no violation

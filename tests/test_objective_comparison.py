@@ -6,8 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from spogw_dagster.core.methods import METHODS, method_overrides, own_data
-from spogw_dagster.pipeline.data import report_stats
+from spogw_dagster.core.methods.catalog import METHODS, method_overrides, own_data
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.assets.objective_comparison import MethodRun, comparison_frame, method_config
 from spogw_dagster.pipeline.settings import ConfigValidationError, load_config

@@ -1,4 +1,4 @@
-"""An objective added through the registry alone (`core.registry.register`): a loss function and one entry,
+"""An objective added through the registry alone (`core.training.registry.register`): a loss function and one entry,
 no change to the trainer, the curation, the tables or the settings. It is then a valid `training.objective`,
 the trainer feeds it what its declaration asks for, and its first step's loss is the value worked out by hand."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spogw_dagster.core import registry
+from spogw_dagster.core.training import registry
 from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
-from spogw_dagster.core.objectives import LossOutput
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
+from spogw_dagster.core.training.objectives import LossOutput
+from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora
 from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
 from tiny_llama import save_tiny_llama, tiny_llama
 

@@ -1,4 +1,4 @@
-"""Objectives on tiny tensors. Expected values are worked out by hand from the formulas in core/objectives.py (and the
+"""Objectives on tiny tensors. Expected values are worked out by hand from the formulas in core/training/objectives.py (and the
 documented choices in spogw_dagster/core/objectives.py); the comments carry the arithmetic, the literals come
 from a calculator, never from the code under test."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spogw_dagster.core.hyperparams import ConfigError, ObjectiveConfig
-from spogw_dagster.core.objectives import (
+from spogw_dagster.core.training.objectives import (
     LossBatch,
     compute_loss,
     grpo,

@@ -203,3 +203,22 @@ def test_cli_evaluate_argument_errors(tmp_path, capsys):
     assert main(a + ["--compare", "base"]) == 2
     assert "same policy" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing generated, nothing written
+
+
+def test_each_asset_is_a_decorated_function_named_after_it():
+    """Findable the way Dagster users look for an asset: `@dg.asset` on `def <asset name>(` in its own module,
+    and what build_assets returns is that definition (code version added), not a copy built elsewhere."""
+    import ast
+    import inspect
+
+    from spogw_dagster.pipeline.defs.assets import ASSET_MODULES, build_assets
+
+    built = {a.key.to_user_string(): a for a in build_assets(load_config("ci"))}
+    for m in ASSET_MODULES:
+        fns = {n.name: n for n in ast.parse(inspect.getsource(m)).body if isinstance(n, ast.FunctionDef)}
+        assert m.NAME in fns, f"{m.__name__} has no function named {m.NAME}"
+        decorators = [ast.unparse(d) for d in fns[m.NAME].decorator_list]
+        assert decorators and decorators[0].startswith("dg.asset("), (m.NAME, decorators)
+        assert getattr(m, m.NAME).key == dg.AssetKey(m.NAME)
+        assert built[m.NAME].group_names_by_key[dg.AssetKey(m.NAME)] == m.GROUP
+        assert built[m.NAME].code_versions_by_key[dg.AssetKey(m.NAME)]  # added by build_assets

@@ -15,7 +15,7 @@ PKG = Path(versions.__file__).resolve().parents[2]  # spogw_dagster/
 def test_closure_holds_what_the_training_asset_uses():
     c = versions.import_closure("spogw_dagster.pipeline.defs.assets.lora_checkpoint")
     # the two files the old hand-kept list missed, and the trainer core
-    for f in ("pipeline/data/checkpoints.py", "fsutil.py", "core/trainer.py", "core/objectives.py", "adapter_files.py",
+    for f in ("pipeline/data/checkpoints.py", "fsutil.py", "core/training/trainer.py", "core/training/passes.py", "core/training/objectives.py", "adapter_files.py",
               "pipeline/defs/assets/common.py", "pipeline/defs/assets/lora_checkpoint.py", "pipeline/__init__.py"):
         assert f in c, f
     # ... and not the command line, which no asset imports

@@ -11,8 +11,8 @@ import importlib.util
 import pytest
 import torch
 
-from spogw_dagster.core.logprobs import score_completions
-from spogw_dagster.core.sampling import (
+from spogw_dagster.core.training.logprobs import score_completions
+from spogw_dagster.core.inference.sampling import (
     GPU_EXTRA_HINT,
     SampleResult,
     SamplingParams,

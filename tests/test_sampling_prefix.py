@@ -9,8 +9,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see s
 
 import pytest
 
-from spogw_dagster.core.logprobs import score_completions
-from spogw_dagster.core.sampling import SampleResult, SamplingParams, TransformersSampler
+from spogw_dagster.core.training.logprobs import score_completions
+from spogw_dagster.core.inference.sampling import SampleResult, SamplingParams, TransformersSampler
 from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
 
 pytestmark = pytest.mark.model
@@ -104,7 +104,7 @@ def test_fixed_seed_reproducible_other_seed_differs(shared):
 
 
 def _check_ending(sampler: TransformersSampler, r: SampleResult, p: SamplingParams) -> str:
-    """Which rule ended `r`, checked against the spec (module docstring of core/sampling.py)."""
+    """Which rule ended `r`, checked against the spec (module docstring of core/inference/sampling.py)."""
     toks, tok = r.token_ids, sampler.tokenizer
     assert len(r.logprobs) == len(toks) >= 1
     assert not any(t in sampler.eos_ids for t in toks[:-1]), "generation went on past an EOS"

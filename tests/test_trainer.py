@@ -14,15 +14,14 @@ import torch
 from safetensors.torch import load_file
 
 from spogw_dagster.core.hyperparams import ConfigError
-from spogw_dagster.core.logprobs import (
+from spogw_dagster.core.training.logprobs import (
     build_completion_batch,
     build_shared_prompt_batch,
     completion_logprobs,
     score_completions,
 )
-from spogw_dagster.core.trainer import (
-    ADAPTER_FILES,
-    STATS_FILE,
+from spogw_dagster.adapter_files import ADAPTER_FILES, STATS_FILE
+from spogw_dagster.core.training import (
     TrainConfig,
     TrainExample,
     score_examples,
@@ -174,17 +173,17 @@ def test_shared_prompt_scoring_matches_per_row(tiny_model):
 def test_batches_keep_each_prompt_together():
     """Each prompt's rows are contiguous, every row is used once, batches hold at most batch_size rows, and
     the order is a seeded shuffle (over prompts and within them) that changes with the epoch and the seed."""
-    from spogw_dagster.core.trainer import _batches, _Item
+    from spogw_dagster.core.training.batching import Item, micro_batches
 
     sizes = {(1, 2): 5, (3,): 3, (4, 4, 4): 4, (5,): 1}
     items = []
     for k in range(max(sizes.values())):  # rows of different prompts interleaved in the input
         for p, n in sizes.items():
             if k < n:
-                items.append(_Item(len(items), list(p), [k + 1], 0.0, None, group=p))
+                items.append(Item(len(items), list(p), [k + 1], 0.0, None, group=p))
 
     def order(cfg, epoch):
-        mbs = _batches(items, cfg, epoch)
+        mbs = micro_batches(items, cfg, epoch)
         assert all(1 <= len(mb) <= cfg.batch_size for mb in mbs)
         return [x.idx for mb in mbs for x in mb], mbs
 
@@ -201,7 +200,7 @@ def test_batches_keep_each_prompt_together():
         _, mbs = order(TrainConfig(objective="score_dpo", batch_size=5, seed=epoch), 0)
         assert all(len({x.group for x in mb}) == len({tuple(x.prompt_ids) for x in mb}) for mb in mbs)
         assert sum(len(mb) for mb in mbs) == len(items)
-    big = [mb for mb in _batches(items, dpo, 0) if len(mb) > 4]
+    big = [mb for mb in micro_batches(items, dpo, 0) if len(mb) > 4]
     assert [len(mb) for mb in big] == [5] and len({x.group for x in big[0]}) == 1
 
 
@@ -381,7 +380,7 @@ def test_learning_raises_positive_and_lowers_negative_workflows(tmp_path):
 def test_sampler_logprobs_serve_as_pi_old(tmp_path):
     """Sampler log-probs (data) and the trainer's recomputation agree: with old_logprobs='data' at the
     sampling temperature, the first step's ratio is 1 and nothing is clipped."""
-    from spogw_dagster.core.sampling import SamplingParams, TransformersSampler
+    from spogw_dagster.core.inference.sampling import SamplingParams, TransformersSampler
 
     s = TransformersSampler("smollm2", batch_size=4, seed=0)
     out = s.generate([PROMPT], SamplingParams(temperature=0.8, max_tokens=8), n=4)[0]
@@ -397,7 +396,7 @@ def test_sampler_logprobs_serve_as_pi_old(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------
-# hand-computed first steps (core/objectives.py: L_i is the per-token *mean* over row i's
+# hand-computed first steps (core/training/objectives.py: L_i is the per-token *mean* over row i's
 # workflow tokens, the loss the mean of L_i over rows; a micro-batch's loss is weighted by its share of rows)
 
 HAND_PROMPT = [11, 12, 13, 14, 15]

@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from spogw_dagster.adapter_files import STATS_FILE
-from spogw_dagster.core.train_launch import fit_adapter
-from spogw_dagster.core.trainer import TrainConfig, TrainExample
+from spogw_dagster.core.training.launch import fit_adapter
+from spogw_dagster.core.training import TrainConfig, TrainExample
 from tiny_llama import save_tiny_llama, tiny_llama
 
 GROUP = [("    a = generate(q)\n    return a\n", 1.0, 1.0), ("    s = ensemble(q, 3)\n    return s\n", 0.5, 0.9),
@@ -91,7 +90,7 @@ def test_an_interrupted_launch_stops_the_job(tmp_path):
     import sys
     import time
 
-    from spogw_dagster.core import train_launch
+    from spogw_dagster.core.training import launch as train_launch
 
     pidfile = tmp_path / "pid"
     child = (f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); "

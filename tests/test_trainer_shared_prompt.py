@@ -15,13 +15,10 @@ import copy
 import pytest
 import torch
 
-from spogw_dagster.core.logprobs import build_completion_batch, completion_logprobs
-from spogw_dagster.core.trainer import (
-    TrainConfig,
-    _Item,
-    _micro_batch_logprobs,
-    _micro_batch_objective,
-)
+from spogw_dagster.core.training.logprobs import build_completion_batch, completion_logprobs
+from spogw_dagster.core.training import TrainConfig
+from spogw_dagster.core.training.batching import Item
+from spogw_dagster.core.training.passes import micro_batch_logprobs, micro_batch_objective
 
 OBJECTIVES = ["spogw", "grpo", "grpo_nokl", "score_dpo", "rwr"]
 PROMPTS = ["Task: add two numbers.\n", "# Write a workflow.\n# Task: sort the list of numbers, then return it.\n"]
@@ -56,12 +53,12 @@ def lora_model():
     return model, tok
 
 
-def _items(tok) -> list[_Item]:
+def _items(tok) -> list[Item]:
     prompt_ids = [tok(p)["input_ids"] for p in PROMPTS]
     assert len(prompt_ids[0]) != len(prompt_ids[1])  # the shorter prompt is left-padded
     items = []
     for i, (p, c, adv, score) in enumerate(ROWS):
-        items.append(_Item(i, prompt_ids[p], tok(c, add_special_tokens=False)["input_ids"], adv, score, group=p))
+        items.append(Item(i, prompt_ids[p], tok(c, add_special_tokens=False)["input_ids"], adv, score, group=p))
     assert len({len(x.completion_ids) for x in items}) >= 3 and min(len(x.completion_ids) for x in items) == 1
     return items
 
@@ -85,7 +82,7 @@ def _lora_params(model) -> dict[str, torch.Tensor]:
 
 def _forward(model, items, pad_id, shared: bool):
     cfg = TrainConfig(shared_prompt=shared)
-    logp, batch = _micro_batch_logprobs(model, items, cfg, pad_id, torch.device("cpu"))
+    logp, batch = micro_batch_logprobs(model, items, cfg, pad_id, torch.device("cpu"))
     return logp, batch.completion_mask
 
 
@@ -99,7 +96,7 @@ def forwards(lora_model):
 
 def _loss_grads(model, items, objective: str, logp, mask):
     cfg = TrainConfig(objective=objective, beta=0.1, clip_eps=0.2)
-    res = _micro_batch_objective(items, cfg, logp, mask, torch.device("cpu"))
+    res = micro_batch_objective(items, cfg, logp, mask, torch.device("cpu"))
     params = _lora_params(model)
     grads = torch.autograd.grad(res.loss, list(params.values()), retain_graph=True)
     return float(res.loss.detach()), dict(zip(params, grads))
@@ -175,8 +172,8 @@ def test_float32_noise_floor_of_the_per_row_path(lora_model):
     def grads(batches):
         loss = 0.0
         for mb in batches:
-            logp, b = _micro_batch_logprobs(model, mb, cfg, tok.pad_token_id, torch.device("cpu"))
-            res = _micro_batch_objective(mb, cfg, logp, b.completion_mask, torch.device("cpu"))
+            logp, b = micro_batch_logprobs(model, mb, cfg, tok.pad_token_id, torch.device("cpu"))
+            res = micro_batch_objective(mb, cfg, logp, b.completion_mask, torch.device("cpu"))
             loss = loss + res.loss * len(mb) / len(items)
         params = _lora_params(model)
         return dict(zip(params, torch.autograd.grad(loss, list(params.values()))))

@@ -18,7 +18,7 @@ import torch
 
 from spogw_dagster.core import curation as C
 from spogw_dagster.core.hyperparams import ObjectiveConfig
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
+from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from tiny_llama import save_tiny_llama, tiny_llama

@@ -23,12 +23,12 @@ import torch
 
 from spogw_dagster.core.curation import curate
 from spogw_dagster.core.hyperparams import ConfigError, CurationConfig, ObjectiveConfig
-from spogw_dagster.core.objectives import (
+from spogw_dagster.core.training.objectives import (
     LossBatch,
     compute_loss,
     unique_advantage_weights,
 )
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, train_lora
+from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora
 from tiny_llama import save_tiny_llama, tiny_llama
 
 GRPO_FAMILY = ("spogw", "grpo", "grpo_nokl")
@@ -222,12 +222,8 @@ def test_optimizer_step_gradient_equal_float64(tiny, objective):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
-    from spogw_dagster.core.trainer import (
-        _aggregate,
-        _batches,
-        _optimizer_step,
-        _tokenize,
-    )
+    from spogw_dagster.core.training.batching import aggregate, micro_batches, tokenize
+    from spogw_dagster.core.training.optimize import optimizer_step
 
     mcfg, tok = tiny
     torch.manual_seed(0)
@@ -241,24 +237,24 @@ def test_optimizer_step_gradient_equal_float64(tiny, objective):
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     cfg = TrainConfig(objective=objective, beta=0.2, temperature=0.7, old_logprobs="data", batch_size=3,
                       max_grad_norm=None, lora_r=4, lora_alpha=8)
-    from spogw_dagster.core.logprobs import score_completions
+    from spogw_dagster.core.training.logprobs import score_completions
 
     def score(prompts, completions):
         return score_completions(model, prompts, completions, tok.pad_token_id, temperature=cfg.temperature)
 
-    items = _tokenize(_group_examples(tok, score), tok, cfg)
+    items = tokenize(_group_examples(tok, score), tok, cfg)
     g = torch.Generator().manual_seed(5)
     ref_by_workflow: dict[tuple, list[float]] = {}
     for it in items:
         it.ref = ref_by_workflow.setdefault(tuple(it.prompt_ids + [-1] + it.completion_ids),
                                             (torch.tensor(it.old) + torch.randn(len(it.old), generator=g) * 0.3).tolist())
-    rows = _aggregate(items)
+    rows = aggregate(items)
     assert len(items) == 40 and len(rows) == 12 and sum(r.count for r in rows) == 40
     opt = torch.optim.SGD(params, lr=0.0)
 
     def step(data):
-        batches = _batches(data, cfg, 0)
-        st = _optimizer_step(model, params, opt, batches, cfg, cfg.objective_config(), tok.pad_token_id,
+        batches = micro_batches(data, cfg, 0)
+        st = optimizer_step(model, params, opt, batches, cfg, cfg.objective_config(), tok.pad_token_id,
                              torch.device("cpu"))
         return st, [p.grad.detach().clone() for p in params], len(batches)
 
@@ -283,7 +279,7 @@ def test_train_lora_first_step_equal(tiny_folder, tiny, tmp_path, objective):
     """End to end (float32): train_lora with aggregate_unique True vs False, one optimizer step over all the
     data (grad_accum covers every micro-batch): the same first-step loss, gradient norm and metrics, π_ref
     computed once per unique workflow; 12 rows trained instead of 40."""
-    from spogw_dagster.core.trainer import score_examples
+    from spogw_dagster.core.training import score_examples
 
     _, tok = tiny
 

@@ -1,4 +1,4 @@
-"""W4S's history-relative reward and state advance (core/w4s.py), by hand from the rule W4S publishes: 1 for
+"""W4S's history-relative reward and state advance (core/methods/w4s.py), by hand from the rule W4S publishes: 1 for
 beating the best accuracy so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below 0.3."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from spogw_dagster.core.w4s import Candidate, history_rewards, pick_state, w4s_reward
+from spogw_dagster.core.methods.w4s import Candidate, history_rewards, pick_state, w4s_reward
 
 
 def test_reward_rule_by_hand():

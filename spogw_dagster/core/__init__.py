@@ -15,9 +15,9 @@ _EXPORTS = {
     "CurationResult": "curation",
     "curate": "curation",
     "sample_preference_pairs": "curation",
-    "LossBatch": "objectives",
-    "LossOutput": "objectives",
-    "compute_loss": "objectives",
+    "LossBatch": "training.objectives",
+    "LossOutput": "training.objectives",
+    "compute_loss": "training.objectives",
 }
 
 __all__ = sorted(_EXPORTS)

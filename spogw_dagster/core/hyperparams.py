@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from . import registry
+from .training import registry
 
 __all__ = [
     "ConfigError",
@@ -158,9 +158,9 @@ class CurationConfig(_FromDict):
 @dataclass(frozen=True)
 class ObjectiveConfig(_FromDict):
     """Loss selection and its hyperparameters (the algorithm as docs/algorithm.md specifies it). The only declaration of these fields:
-    `core.trainer.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
+    `core.training.TrainConfig` inherits them, and the pipeline's `training:` section is derived from that.
 
-    objective    the name of a registered objective (`core.registry`: spogw, grpo, grpo_nokl, score_dpo, rwr).
+    objective    the name of a registered objective (`core.training.registry`: spogw, grpo, grpo_nokl, score_dpo, rwr).
     beta         KL coefficient β of spogw/grpo (paper's best: 0.1). `grpo_nokl` ignores it (β = 0).
     clip_eps     ε_c of the clipped surrogate: ρ is clipped to [1 − ε_c, 1 + ε_c]. Default 0.2 (TRL, PPO).
     dpo_beta     β of Score-DPO (ScoreFlow: 0.1).
@@ -181,7 +181,7 @@ class ObjectiveConfig(_FromDict):
                  W4S weight exp(r / T); T = 0.4 (W4S default).
     rwr_normalize_weights
                  False (W4S): raw weights exp(r/T). True: divide by their batch mean (self-normalised RWR).
-    rwr_reward   the reward r of rwr: "w4s" (default, as W4S publishes it: history-relative, `core.w4s`: 1 for
+    rwr_reward   the reward r of rwr: "w4s" (default, as W4S publishes it: history-relative, `core.methods.w4s`: 1 for
                  beating the best answer so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below
                  accuracy 0.3) or "score" (the row's absolute ladder score).
     seed         seed of score_dpo's pair sampling (combined with the iteration in the pipeline).
@@ -244,7 +244,7 @@ class ObjectiveConfig(_FromDict):
 
     @property
     def spec(self) -> "registry.Objective":
-        """The objective's declaration (`core.registry`): its data, policies and log-prob temperature."""
+        """The objective's declaration (`core.training.registry`): its data, policies and log-prob temperature."""
         return registry.get(self.objective)
 
     @property

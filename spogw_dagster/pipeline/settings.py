@@ -39,9 +39,9 @@ from pydantic import (
     model_validator,
 )
 
-from spogw_dagster.core import registry
+from spogw_dagster.core.training import registry
 from spogw_dagster.core.hyperparams import CurationConfig
-from spogw_dagster.core.trainer import TrainConfig
+from spogw_dagster.core.training import TrainConfig
 
 from spogw_dagster.core.rewards import Ladder
 
@@ -278,9 +278,9 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
 
 
 class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  # type: ignore[misc]
-    """The fields of `core.trainer.TrainConfig` (see it, and `core.hyperparams.ObjectiveConfig` for the objective's)
+    """The fields of `core.training.TrainConfig` (see it, and `core.hyperparams.ObjectiveConfig` for the objective's)
     except the temperature and dtype, which are the generator's; plus `processes`: how many processes train
-    the adapter together (`accelerate launch`, one per GPU; `core.train_launch`). It changes how the adapter is
+    the adapter together (`accelerate launch`, one per GPU; `core.training.launch`). It changes how the adapter is
     computed, not what (the same run up to float rounding), so it is outside the config hash and the run hash;
     it needs lora_dropout = 0 (dropout masks are drawn per process)."""
 
@@ -358,7 +358,7 @@ class RefinementSection(_Section):
     turn t samples m candidates from one prompt showing that workflow, its accuracy, up to `failure_cases`
     failures and the change against the previous state. Every turn and repair is a row (turn, parent_sample_idx,
     repair_of, feedback_accuracy), executed and scored like any other. W4S trains with RWR on its
-    history-relative reward (training.objective: rwr, `core/w4s.py`). turns = 1: single-shot."""
+    history-relative reward (training.objective: rwr, `core/methods/w4s.py`). turns = 1: single-shot."""
 
     turns: int = Field(1, ge=1, le=8)
     feedback_queries: int = Field(2, ge=1, le=32)
@@ -373,7 +373,7 @@ class RefinementSection(_Section):
 class ComparisonSection(_Section):
     """`objective_comparison` (materialized on demand, not by the loop): the methods trained side by side from
     the same parent adapter on the same iteration's data and seeds, each scored on the report's held-out
-    queries (`core.methods` lists them; `spogw` is the reference of the paired differences)."""
+    queries (`core.methods.catalog` lists them; `spogw` is the reference of the paired differences)."""
 
     objectives: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
     # choices between methods are made on validation; `test` once, for the final table (a report of its own)
@@ -382,7 +382,7 @@ class ComparisonSection(_Section):
     @field_validator("objectives")
     @classmethod
     def _known_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from spogw_dagster.core.methods import METHODS
+        from spogw_dagster.core.methods.catalog import METHODS
 
         unknown = [m for m in v if m not in METHODS]
         if unknown:

@@ -139,7 +139,7 @@ def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -
     import torch
     from peft import get_peft_model
 
-    from spogw_dagster.core.trainer import lora_config, save_adapter
+    from spogw_dagster.core.training import lora_config, save_adapter
     from spogw_dagster.models import load_model_and_tokenizer, resolve_model
 
     model, _ = load_model_and_tokenizer(base_model, dtype=tcfg.dtype)

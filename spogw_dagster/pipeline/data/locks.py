@@ -30,7 +30,7 @@ import socket
 import time
 from pathlib import Path
 
-from spogw_dagster.fsutil import pid_alive, process_start
+from spogw_dagster.fsutil import pid_alive
 from spogw_dagster.pipeline.settings import ConfigValidationError
 
 __all__ = ["LOCK_FILE", "AssetsDirBusyError", "assets_dir_lock", "IterationLock"]

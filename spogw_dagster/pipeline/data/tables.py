@@ -49,7 +49,7 @@ SAMPLED_SCHEMA: dict[str, pl.DataType] = {
 
 @dataclass
 class Sample:
-    """What the sampler returned for one workflow (a subset of `core.sampling.SampleResult`)."""
+    """What the sampler returned for one workflow (a subset of `core.inference.sampling.SampleResult`)."""
 
     text: str
     token_ids: list[int]

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from spogw_dagster.contracts import Status
-from spogw_dagster.core import registry
+from spogw_dagster.core.training import registry
 from spogw_dagster.pipeline.data.tables import (
     TRAINING_ROWS_SCHEMA,
     curation_input,
@@ -27,7 +27,7 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
 
     A member that occurs in several groups yields one example per group (the paper weights workflows that
     are extreme in many groups more). A member with no sampled row is an error."""
-    from spogw_dagster.core.trainer import TrainExample
+    from spogw_dagster.core.training import TrainExample
 
     if sharpened.height == 0:
         return []
@@ -59,7 +59,7 @@ def pair_seed(seed: int, iteration: int) -> int:
 def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
                   ocfg, iteration: int) -> tuple[list, pl.DataFrame]:
     """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
-    data = registry.get(objective).data  # what the objective trains on (core.registry)
+    data = registry.get(objective).data  # what the objective trains on (core.training.registry)
     if data == "pairs":
         return score_dpo_training_data(sampled, scores, ocfg, iteration, objective=objective)
     if data == "candidates":
@@ -93,7 +93,7 @@ def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataF
 
 
 def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advantage: float = 0.0):
-    from spogw_dagster.core.trainer import TrainExample
+    from spogw_dagster.core.training import TrainExample
 
     return TrainExample(prompt=r["prompt"], completion=r["completion"], advantage=advantage,
                         score=float(r["score"]), old_logprobs=list(r["logprobs"]),
@@ -153,10 +153,10 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iterati
 
 
 def w4s_rewards(sampled: pl.DataFrame, scores: pl.DataFrame) -> dict[tuple[str, int], float]:
-    """(query_id, sample_idx) → W4S's reward (`core.w4s.history_rewards`) of every scored row: its answer score
+    """(query_id, sample_idx) → W4S's reward (`core.methods.w4s.history_rewards`) of every scored row: its answer score
     against the best answer of earlier turns of its query and against the state it was sampled from
     (`parent_sample_idx`). Executor errors have no accuracy: no reward, and left out of the history."""
-    from spogw_dagster.core.w4s import Candidate, history_rewards
+    from spogw_dagster.core.methods.w4s import Candidate, history_rewards
 
     cols = [c for c in ("turn", "parent_sample_idx") if c in sampled.columns]
     j = sampled.select(_KEY + cols).join(scores.select(_KEY + ["answer_score", "status"]), on=_KEY, how="left")

@@ -10,13 +10,12 @@ a rerun makes no new executor calls.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator
 
 import dagster as dg
 
@@ -109,7 +108,7 @@ class PipelineResource(dg.ConfigurableResource):
         return p if p.is_absolute() else Path(self.assets_dir) / p
 
     def sampler(self, adapter_path: str | Path | None, seed: int):
-        from spogw_dagster.core.sampling import make_sampler
+        from spogw_dagster.core.inference.sampling import make_sampler
 
         g = self.config().generator
         return make_sampler(g.backend, model_spec=g.model, adapter_path=str(adapter_path) if adapter_path else None,

@@ -1,7 +1,7 @@
 """Iteration k's sampled rows: m workflows per training query from π_{k-1} (the base model at k = 0), then, with
 W4S refinement on (refinement.turns = T > 1), its turns: self-check repairs, feedback runs on validation queries,
 the best candidate advancing each query's state, the next turn sampled from a prompt showing it
-(`domain/refinement.py` holds the feedback pieces, `core/w4s.py` the state rule). No Dagster: the asset
+(`domain/refinement.py` holds the feedback pieces, `core/methods/w4s.py` the state rule). No Dagster: the asset
 `sampled_workflows` and the comparison's own data for W4S call it with a `PipelineResource`'s services and a
 `say` for progress lines."""
 
@@ -11,7 +11,7 @@ from typing import Callable
 
 import polars as pl
 
-from spogw_dagster.core.w4s import pick_state
+from spogw_dagster.core.methods.w4s import pick_state
 from spogw_dagster.seeds import derive_seed
 from spogw_dagster.workflow.template import refinement_prompt, repair_prompt
 from spogw_dagster.pipeline.data import tables

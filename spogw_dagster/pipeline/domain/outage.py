@@ -13,7 +13,7 @@ import polars as pl
 
 from spogw_dagster.pipeline.domain.errors import ExecutorOutage
 
-__all__ = ["ExecutorOutage", "check_outage", "executor_error_share", "executed_error_share"]
+__all__ = ["ExecutorOutage", "check_outage", "executed_rows", "executor_error_share", "executed_error_share"]
 
 
 def executor_error_share(executed: pl.DataFrame) -> tuple[int, int, float]:
@@ -22,10 +22,15 @@ def executor_error_share(executed: pl.DataFrame) -> tuple[int, int, float]:
     return errors, executed.height, (errors / executed.height if executed.height else 0.0)
 
 
+def executed_rows(scores: pl.DataFrame) -> pl.DataFrame:
+    """The rows of an execution_scores frame that reached the executor (runs > 0: a workflow rejected by the
+    validator never did): what `check_outage` judges."""
+    return scores.filter(pl.col("runs") > 0)
+
+
 def executed_error_share(scores: pl.DataFrame) -> tuple[int, int, float]:
-    """`executor_error_share` of an execution_scores frame's rows that reached the executor (runs > 0: a
-    workflow rejected by the validator never did)."""
-    return executor_error_share(scores.filter(pl.col("runs") > 0))
+    """`executor_error_share` of an execution_scores frame's `executed_rows`."""
+    return executor_error_share(executed_rows(scores))
 
 
 def check_outage(cfg, executed: pl.DataFrame, counters: dict[str, int], *, asset: str, partition_key: str,

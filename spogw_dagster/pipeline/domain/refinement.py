@@ -5,7 +5,7 @@
   rejected workflow and the validator's error (W4S retries on the traceback, up to 3 times);
 * the environment: every candidate of the turn runs on the last `feedback_queries` of the validation split
   (never the training query, whose answer is the reward); its validation accuracy is the mean answer score;
-* the state advances with the turn's best candidate (`core.w4s.pick_state`); the next turn's prompt shows that
+* the state advances with the turn's best candidate (`core.methods.w4s.pick_state`); the next turn's prompt shows that
   workflow, its accuracy, up to `failure_cases` failed cases (question, its answer, the expected answer: the
   gold for math/QA, the first public test for code, whose canonical solution is never shown) and the change
   against the previous state; m candidates are sampled from that one prompt.

@@ -12,7 +12,7 @@ Counts per iteration k (d training queries, m samples each, groups of n, top/bot
   upper bound), each call at most `executor.max_tokens` completion tokens;
 - training rows (the paper's grouping): with m' ≤ m usable workflows of a query, min(C(m', n), g_max) groups,
   each sharpened to 2t rows: groups × 2t rows per query before aggregation; after unique-workflow aggregation
-  (one row per distinct workflow; see core/objectives.py) at most min(m', groups × 2t) per query. Screening can only
+  (one row per distinct workflow; see core/training/objectives.py) at most min(m', groups × 2t) per query. Screening can only
   lower both (upper bounds at m' = m);
 - the report: h held-out queries × (greedy + k samples) workflows for π_k (and for the base model at k = 0).
 """

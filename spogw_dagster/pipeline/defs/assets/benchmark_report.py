@@ -14,10 +14,10 @@ from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
 from spogw_dagster.pipeline.defs import failures
-from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.data import heldout_results
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, parent_or_fail, say
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.assets.report_metadata import report_metadata
 
 NAME = "benchmark_report"
@@ -29,7 +29,10 @@ DESCRIPTION = ("Held-out metrics of checkpoint k beside π_{k-1} (base at k = 0)
                "seeds (long format: one row per system, mode and metric; per-sample rows in heldout_results).")
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_checkpoint: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def benchmark_report(context: dg.AssetExecutionContext, pipeline: PipelineResource, lora_checkpoint: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import functools
+import inspect
 import time
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 import dagster as dg
 import polars as pl
@@ -107,3 +110,29 @@ def peak_rss_mb() -> float | None:
     except OSError:
         return None
     return None
+
+
+def versioned(compute: Callable[..., Any]) -> Callable[..., Any]:
+    """`compute` returning `dg.Output(frame, data_version=<hash of the frame>)`. Dagster reads the parameters
+    (names, the `context` annotation) through `functools.wraps`; the return annotation becomes
+    `dg.Output[pl.DataFrame]`, as Dagster requires of a function that returns an Output. The step's peak
+    resident memory (this process: models, trainer, frames; sandboxed children are capped by their cgroups)
+    goes into the metadata as `peak_rss_mb`."""
+
+    @functools.wraps(compute)
+    def with_data_version(*args: Any, **kwargs: Any) -> Any:
+        measured = reset_peak_rss()  # steps run one after another in one process: this step's own peak
+        out = compute(*args, **kwargs)
+        if isinstance(out, pl.DataFrame):
+            peak = peak_rss_mb() if measured else None
+            md = {"peak_rss_mb": dg.MetadataValue.float(peak)} if peak is not None else {}
+            with warnings.catch_warnings():  # `data_version=` is marked beta in 1.13; it is what the UI reads
+                warnings.simplefilter("ignore", dg.BetaWarning)
+                return dg.Output(out, metadata=md, data_version=frame_data_version(out))
+        return out
+
+    returns = dg.Output[pl.DataFrame]
+    with_data_version.__annotations__ = {**compute.__annotations__, "return": returns}
+    with_data_version.__signature__ = inspect.signature(compute).replace(  # type: ignore[attr-defined]
+        return_annotation=returns)
+    return with_data_version

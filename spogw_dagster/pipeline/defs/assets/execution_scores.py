@@ -16,10 +16,11 @@ import polars as pl
 from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say
+from spogw_dagster.pipeline.domain.outage import executed_rows
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say, versioned
 
 NAME = "execution_scores"
 GROUP = "execution"
@@ -28,7 +29,10 @@ DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against t
                "ladder + benchmark metric); executor calls go through the call cache.")
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     k = key_to_int(context.partition_key)
@@ -47,7 +51,7 @@ def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampl
     ladder = cfg.reward.core()
     df = tables.execution_frame(
         tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
-    failures.fail_on_outage(cfg, df.filter(pl.col("runs") > 0), counters, asset=NAME,
+    failures.fail_on_outage(cfg, executed_rows(df), counters, asset=NAME,
                             partition_key=context.partition_key, cache_path=pipeline.cache_path())
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),

@@ -18,11 +18,11 @@ from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs import failures
-from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 
 NAME = "lora_checkpoint"
 GROUP = "training"
@@ -33,8 +33,11 @@ DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objectiv
 TRAINING_ROWS = "training_rows"
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharpened_groups: pl.DataFrame,
-            sampled_workflows: pl.DataFrame, execution_scores: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResource, sharpened_groups: pl.DataFrame,
+                    sampled_workflows: pl.DataFrame, execution_scores: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key
@@ -76,13 +79,13 @@ def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
 
 def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
     """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
-    from spogw_dagster.core.train_launch import fit_adapter
+    from spogw_dagster.core.training.launch import fit_adapter
 
     from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
     tcfg = cfg.train_config()
     if not examples:
-        reason = tcfg.spec.no_data  # the objective's own words (core.registry)
+        reason = tcfg.spec.no_data  # the objective's own words (core.training.registry)
         context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
                             "checkpoint")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,

@@ -1,4 +1,4 @@
-"""objective_comparison(k): the methods of `comparison.objectives` (`core.methods`: spogw, grpo, grpo_nokl,
+"""objective_comparison(k): the methods of `comparison.objectives` (`core.methods.catalog`: spogw, grpo, grpo_nokl,
 score_dpo, rwr and SPOGW's ablations) each trained from the same parent adapter, lora_checkpoint(k-1), on the
 same iteration's sampled and scored workflows with the same seeds, then scored on the report's held-out
 queries with the report's seeds, metrics and intervals. One row per method, mode and metric with the paired
@@ -22,7 +22,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.core import curation
-from spogw_dagster.core.methods import method_overrides, own_data
+from spogw_dagster.core.methods.catalog import method_overrides, own_data
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.pipeline.domain import heldout as ho
@@ -31,14 +31,15 @@ from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.data import training_inputs
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs import failures
-from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say
+from spogw_dagster.pipeline.domain.outage import executed_rows
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 
 NAME = "objective_comparison"
 GROUP = "evaluation"
@@ -64,9 +65,12 @@ class MethodRun:
     rows_sha256: str = ""  # the candidate rows it started from: the loop's, or its own (ScoreFlow's scoring)
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
-            execution_scores: pl.DataFrame, sharpened_groups: pl.DataFrame, lora_checkpoint: pl.DataFrame,
-            benchmark_report: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def objective_comparison(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
+                         execution_scores: pl.DataFrame, sharpened_groups: pl.DataFrame, lora_checkpoint: pl.DataFrame,
+                         benchmark_report: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key
@@ -151,8 +155,8 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
            checkpoint: dict[str, Any]) -> MethodRun:
-    from spogw_dagster.core.train_launch import fit_adapter
-    from spogw_dagster.core.trainer import data_hash
+    from spogw_dagster.core.training.launch import fit_adapter
+    from spogw_dagster.core.training import data_hash
 
     from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
@@ -215,7 +219,7 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     ladder = mcfg.reward.core()
     scores = tables.execution_frame(tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code)
                                     for j, r in zip(jobs, results))
-    failures.fail_on_outage(mcfg, scores.filter(pl.col("runs") > 0), counters, asset=NAME,
+    failures.fail_on_outage(mcfg, executed_rows(scores), counters, asset=NAME,
                             partition_key=f"{k:04d}", cache_path=mpipe.cache_path())
     return sampled, scores
 
@@ -272,7 +276,7 @@ def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
     """Whether the adapter's training record shows this config and these examples (the parent is checkpoint
     k-1 for both, by lineage)."""
     from spogw_dagster.adapter_files import STATS_FILE
-    from spogw_dagster.core.trainer import config_identity
+    from spogw_dagster.core.training import config_identity
 
     try:
         stats = json.loads((adapter / STATS_FILE).read_text())

@@ -11,10 +11,10 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.seeds import derive_seed
-from spogw_dagster.pipeline.defs.partitions import key_to_int
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say, versioned
 
 NAME = "sampled_workflows"
 GROUP = "sampling"
@@ -23,7 +23,10 @@ DESCRIPTION = ("m workflows per training query sampled from π_{k-1} (the base m
                "log-probs; fails fast when lora_checkpoint(k-1) is missing.")
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def sampled_workflows(context: dg.AssetExecutionContext, pipeline: PipelineResource) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     key = context.partition_key

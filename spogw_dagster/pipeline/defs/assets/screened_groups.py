@@ -10,7 +10,8 @@ from spogw_dagster.core import curation
 
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, ints, md_table, say
+from spogw_dagster.pipeline.defs.partitions import iterations
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, ints, md_table, say, versioned
 
 NAME = "screened_groups"
 GROUP = "curation"
@@ -19,8 +20,11 @@ DESCRIPTION = ("Executor errors and near-duplicate workflows removed, groups of 
                "by score std (kept flag + reason for every group).")
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
-            execution_scores: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def screened_groups(context: dg.AssetExecutionContext, pipeline: PipelineResource, sampled_workflows: pl.DataFrame,
+                    execution_scores: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     try:

@@ -10,7 +10,8 @@ from spogw_dagster.core import curation
 
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, ints, say
+from spogw_dagster.pipeline.defs.partitions import iterations
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, ints, say, versioned
 
 NAME = "sharpened_groups"
 GROUP = "curation"
@@ -18,7 +19,10 @@ KINDS = {"python", "parquet"}
 DESCRIPTION = "Top-t and bottom-t workflows of each kept group, with group-normalised advantages (one row per member)."
 
 
-def compute(context: dg.AssetExecutionContext, pipeline: PipelineResource, screened_groups: pl.DataFrame) -> pl.DataFrame:
+@dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
+          io_manager_key="io_manager")
+@versioned
+def sharpened_groups(context: dg.AssetExecutionContext, pipeline: PipelineResource, screened_groups: pl.DataFrame) -> pl.DataFrame:
     t0 = time.monotonic()
     cfg = pipeline.config()
     cc = cfg.curation_config()

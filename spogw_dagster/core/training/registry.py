@@ -1,14 +1,14 @@
 """The objectives the trainer knows, each declared once: its loss and what the trainer, the curation and the
 pipeline must know to feed it. Nothing else branches on an objective's name.
 
-A new objective is a loss function (a module of its own, or `core/objectives.py`) and one `register(...)`:
+A new objective is a loss function (a module of its own, or `core/training/objectives.py`) and one `register(...)`:
 
     register(Objective("my_obj", loss="my_package.my_module:my_loss", data="groups", uses_old=True,
                        ref="kl", description="..."))
 
 and it is then valid as `training.objective: my_obj` (`tests/test_objective_registry.py` adds one that way).
-The loss takes `(core.objectives.LossBatch, core.hyperparams.ObjectiveConfig)` and returns a
-`core.objectives.LossOutput`; given as "module:function", it is imported on first use, so loading a config
+The loss takes `(core.training.objectives.LossBatch, core.hyperparams.ObjectiveConfig)` and returns a
+`core.training.objectives.LossOutput`; given as "module:function", it is imported on first use, so loading a config
 never imports torch.
 
 The fields:
@@ -114,8 +114,8 @@ def loss_function(name: str) -> Callable[..., Any]:
     return fn
 
 
-# The built-in objectives (their losses in core/objectives.py; docs/algorithm.md has the equations).
-_LOSSES = "spogw_dagster.core.objectives"
+# The built-in objectives (their losses in core/training/objectives.py; docs/algorithm.md has the equations).
+_LOSSES = "spogw_dagster.core.training.objectives"
 register(Objective("spogw", f"{_LOSSES}:_run_spogw", data="groups", uses_old=True, ref="kl", kl=True,
                    description="ioGRPO + mKL: the clipped surrogate, the k3 KL only on rows with Â > 0",
                    no_data="no training examples: every group was screened out"))

@@ -29,9 +29,9 @@ Two layouts give the same numbers (the same model function; fp32 rounding differ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import functools
 import inspect
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch

@@ -3,7 +3,7 @@
 Both return, for each prompt, ``n`` `SampleResult`s with the sampled token ids and the log-prob of each
 sampled token.
 
-**Log-prob convention** (see `spogw_dagster.core.logprobs`): ``logprobs[t] = log softmax(logits_t / T)
+**Log-prob convention** (see `spogw_dagster.core.training.logprobs`): ``logprobs[t] = log softmax(logits_t / T)
 [token_t]`` with T the sampling temperature, before top-p truncation; T = 1 for greedy decoding
 (temperature 0). With ``top_p = 1`` (the default) this is the exact log-prob of the distribution the
 token was drawn from, and it is what the trainer computes for π_old/π_θ at the same temperature

@@ -1,10 +1,10 @@
 """`train_lora` on N processes: `fit_adapter(..., processes=N)` writes the job (examples, config, paths) to a
 temporary folder and runs
 
-    accelerate launch --multi_gpu --num_processes N -m spogw_dagster.core.train_launch JOB
+    accelerate launch --multi_gpu --num_processes N -m spogw_dagster.core.training.launch JOB
 
 which starts N copies of this module; each calls `train_lora` on the same job, and the processes train one
-adapter together (`core.distributed`). With processes = 1 it is `train_lora` in this process. The result is
+adapter together (`core.training.distributed`). With processes = 1 it is `train_lora` in this process. The result is
 what `train_lora` returns: the adapter folder (written once, by rank 0), its stats and whether an identical
 finished run was reused.
 
@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.children import die_with_parent
-from spogw_dagster.core.distributed import shutdown
-from spogw_dagster.core.trainer import TrainConfig, TrainExample, TrainResult, finished_run, train_lora
+from spogw_dagster.core.training import TrainConfig, TrainExample, TrainResult, finished_run, train_lora
+from spogw_dagster.core.training.distributed import shutdown
 
 __all__ = ["fit_adapter", "launch_command", "main"]
 
@@ -77,7 +77,7 @@ def launch_command(job: Path, processes: int) -> list[str]:
     accelerate picks a free one as it starts the group)."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", "0", "-m", "spogw_dagster.core.train_launch", str(job)]
+            "--main_process_port", "0", "-m", "spogw_dagster.core.training.launch", str(job)]
 
 
 def _check_devices(cfg: TrainConfig, processes: int) -> None:
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """One training process of a launched job (accelerate sets RANK and WORLD_SIZE)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: accelerate launch ... -m spogw_dagster.core.train_launch JOB_DIR", file=sys.stderr)
+        print("usage: accelerate launch ... -m spogw_dagster.core.training.launch JOB_DIR", file=sys.stderr)
         return 2
     job = Path(args[0])
     spec = json.loads((job / JOB_FILE).read_text())

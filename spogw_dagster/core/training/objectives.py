@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..hyperparams import ObjectiveConfig
+from ..pairs import draw, ordered_pairs, pair_weight
 from . import registry
-from .pairs import draw, ordered_pairs, pair_weight
-from .hyperparams import ObjectiveConfig
 
 __all__ = [
     "LossBatch",
@@ -622,7 +622,7 @@ def compute_loss(name: str, batch: LossBatch, cfg: ObjectiveConfig | None = None
 
     `name` wins over cfg.objective, so one config can serve several objectives in an ablation.
     """
-    loss = registry.loss_function(name)  # the registered objectives (core.registry)
+    loss = registry.loss_function(name)  # the registered objectives (core.training.registry)
     if cfg is None:
         cfg = ObjectiveConfig(objective=name)
     return loss(batch, cfg)
