@@ -158,3 +158,35 @@ def test_report_runs_multiply_only_the_reports_executor_calls():
     # answers: 40 held-out queries, greedy only, k > 0: 40 workflows x 8 calls (the cap) x R
     assert (one.report_workflows, one.report_executor_calls) == (40, 40 * 8)
     assert three.report_executor_calls == 3 * 40 * 8 and three.executor_calls == one.executor_calls
+
+
+def test_w4s_turns_cost_by_hand():
+    from spogw_dagster.pipeline.runs.plan import Speeds, w4s_plan
+
+    # 2 queries x 3 turns x 5 candidates = 30 samples; each run on its query and 4 feedback queries: 150 runs,
+    # 2 calls each = 300 calls; 30 x 10 tokens at 10 tok/s = 30 s, 300 x 5 tokens at 50 tok/s = 30 s
+    w = w4s_plan("x", d=2, turns=3, m=5, feedback_queries=4, repairs=3, runs=1, tokens_per_sample=10.0,
+                 calls_per_workflow=2.0, tokens_per_call=5.0,
+                 speeds=Speeds(generator_tps=10.0, executor_tps=50.0, train_tps=1.0))
+    assert (w.samples, w.repair_samples_max, w.workflow_runs, w.executor_calls, w.seconds) == (30, 90, 150, 300.0,
+                                                                                              60.0)
+
+
+def test_spogw_plan_states_what_w4s_at_its_papers_turns_costs(capsys, tmp_path):
+    from spogw_dagster.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("profile: tiny\ncomparison: {objectives: [spogw, w4s]}\n")
+    assert main(["plan", "--config", str(cfg), "--assets-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # tiny: d = 16, W4S's 10 turns x 5 candidates, 33 feedback queries: 800 samples, 800 x 34 = 27,200 runs
+    assert "the comparison's w4s: d = 16 queries x 10 turns x 5 candidates = 800 samples" in out
+    assert "33 feedback queries: 27,200 workflow runs" in out
+    assert "W4S turns" not in main_plan_text(tmp_path, capsys)
+
+
+def main_plan_text(tmp_path, capsys) -> str:
+    from spogw_dagster.cli import main
+
+    assert main(["plan", "--profile", "tiny", "--assets-dir", str(tmp_path)]) == 0
+    return capsys.readouterr().out

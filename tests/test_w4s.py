@@ -22,15 +22,16 @@ def test_reward_rule_by_hand():
 def test_history_of_one_query_by_hand():
     # turn 0 (no history: best = previous = 0): 0 -> 0.5 earns 1, 1 -> 0.25 earns 1 - 0.1.
     # turn 1 from state 0 (0.5): best so far 0.5; 2 -> 0.75 beats it (1), 3 -> 0.4 beats neither (0).
-    # turn 2 from state 3 (0.4, picked by validation accuracy, not by answer): best so far 0.75;
-    #   4 -> 0.6 beats only the state (0.5), 5 -> 0.1 neither, and is below 0.3 (-0.1).
+    # turn 2 from state 3 (0.4, picked by validation accuracy, not by answer): best so far is the best *state*,
+    #   max(0.5, 0.4) = 0.5 (candidate 2's 0.75 never advanced, so W4S never compares with it);
+    #   4 -> 0.6 beats it (1), 5 -> 0.1 neither, and is below 0.3 (-0.1).
     cands = [Candidate("q", 0, 0, None, 0.5), Candidate("q", 0, 1, None, 0.25),
              Candidate("q", 1, 2, 0, 0.75), Candidate("q", 1, 3, 0, 0.4),
              Candidate("q", 2, 4, 3, 0.6), Candidate("q", 2, 5, 3, 0.1)]
     got = history_rewards(reversed(cands))  # input order does not matter
     assert [(r.candidate.sample_idx, r.best_so_far, r.previous) for r in got] == [
-        (0, 0.0, 0.0), (1, 0.0, 0.0), (2, 0.5, 0.5), (3, 0.5, 0.5), (4, 0.75, 0.4), (5, 0.75, 0.4)]
-    assert [r.reward for r in got] == pytest.approx([1.0, 0.9, 1.0, 0.0, 0.5, -0.1])
+        (0, 0.0, 0.0), (1, 0.0, 0.0), (2, 0.5, 0.5), (3, 0.5, 0.5), (4, 0.5, 0.4), (5, 0.5, 0.4)]
+    assert [r.reward for r in got] == pytest.approx([1.0, 0.9, 1.0, 0.0, 1.0, -0.1])
 
 
 def test_queries_have_separate_histories_and_unscored_rows_are_skipped():
@@ -61,15 +62,58 @@ def test_rwr_weight_of_the_w4s_reward():
 
 def test_feedback_queries_are_never_scored_on_validation():
     """W4S picks its states on the feedback queries and shows their answers in its prompts: a validation score
-    that included them would score it where it was tuned. They are the split's last queries, left out."""
+    that included them would score it where it was tuned. With `feedback_split: validation` they are the
+    split's last queries, left out; by default they come from the train split, after the queries trained on,
+    and every validation query is scored."""
     from spogw_dagster.pipeline.domain.heldout import heldout_problems
     from spogw_dagster.pipeline.domain.refinement import feedback_problems
+    from spogw_dagster.pipeline.defs.resources import PipelineResource
     from spogw_dagster.pipeline.settings import load_config
 
     plain = load_config("tiny", overrides={"report": {"split": "validation"}})
     assert plain.reserved_validation() == 0 and len(heldout_problems(plain)[0]) == 16  # all of HumanEval's
-    for over in ({"comparison": {"objectives": ["spogw", "w4s"]}}, {"refinement": {"turns": 2}}):
+    for over in ({"comparison": {"objectives": ["spogw", "w4s"], "w4s_feedback_queries": 2}},
+                 {"refinement": {"turns": 2}}):
+        val = load_config("tiny", overrides={"report": {"split": "validation"},
+                                             **over, "refinement": {**over.get("refinement", {}),
+                                                                    "feedback_split": "validation"}})
+        scored = {p.id for p in heldout_problems(val)[0]}
+        fb = {p.id for p in feedback_problems(val)}
+        assert len(fb) == val.feedback_queries() == 2 and len(scored) == 14 and not scored & fb
+        # the default: the train split's last 2 (HumanEval's train split holds 65; the first 16 are trained on)
         cfg = load_config("tiny", overrides={"report": {"split": "validation"}, **over})
-        scored = {p.id for p in heldout_problems(cfg)[0]}
+        train = {p.id for p in PipelineResource.from_config(cfg, "/tmp").train_queries()}
         fb = {p.id for p in feedback_problems(cfg)}
-        assert len(fb) == cfg.refinement.feedback_queries == 2 and len(scored) == 14 and not scored & fb
+        assert cfg.reserved_validation() == 0 and len(heldout_problems(cfg)[0]) == 16
+        assert len(fb) == 2 and not fb & train and not fb & {p.id for p in heldout_problems(cfg)[0]}
+        assert all(i.startswith("HumanEval/") for i in fb)
+
+
+def test_feedback_queries_that_do_not_fit_the_train_split_name_the_fix():
+    from spogw_dagster.pipeline.domain.refinement import feedback_problems
+    from spogw_dagster.pipeline.runs.preflight import split_problems
+    from spogw_dagster.pipeline.settings import load_config
+
+    cfg = load_config("tiny", overrides={"benchmark": {"train_queries": 60}, "refinement": {"turns": 2,
+                                                                                         "feedback_queries": 6}})
+    with pytest.raises(ValueError, match=r"lower refinement.feedback_queries .* to <= 5"):
+        feedback_problems(cfg)
+    found = split_problems(cfg)  # `spogw check` says so before anything runs
+    assert len(found) == 1 and "train_queries + W4S's feedback queries" in found[0].text
+    assert "=66 but the train split of humaneval has 65" in found[0].text
+
+
+def test_w4s_is_compared_at_its_papers_turns_unless_set():
+    from spogw_dagster.pipeline.defs.assets.objective_comparison import method_config
+    from spogw_dagster.pipeline.settings import load_config, section_hash
+
+    cfg = load_config("tiny")
+    w4s = method_config(cfg, "w4s").refinement
+    assert (w4s.turns, w4s.feedback_queries, w4s.feedback_split) == (10, 33, "train")
+    small = load_config("tiny", overrides={"comparison": {"w4s_turns": 2, "w4s_feedback_queries": 4}})
+    assert (method_config(small, "w4s").refinement.turns, method_config(small, "w4s").refinement.feedback_queries) \
+        == (2, 4)
+    # the comparison's own code version follows them; the loop's assets do not
+    assert section_hash(small, "objective_comparison") != section_hash(cfg, "objective_comparison")
+    assert small.hash == cfg.hash and section_hash(small, "sampled_workflows") == section_hash(cfg, "sampled_workflows")
+    assert method_config(cfg, "spogw").refinement.turns == 1  # no other method takes turns

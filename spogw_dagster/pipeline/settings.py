@@ -41,6 +41,7 @@ from pydantic import (
 
 from spogw_dagster.core.training import registry
 from spogw_dagster.core.hyperparams import CurationConfig
+from spogw_dagster.core.methods.catalog import METHODS, W4S_FEEDBACK_QUERIES, W4S_TURNS
 from spogw_dagster.core.training import TrainConfig
 
 from spogw_dagster.core.rewards import Ladder
@@ -353,17 +354,28 @@ class ReportSection(_Section):
 class RefinementSection(_Section):
     """W4S's multi-turn optimisation (`pipeline/domain/refinement.py`). With turns = T > 1, sampled_workflows samples m
     candidates per query (turn 0); a candidate that does not parse gets up to `repairs` repair attempts (W4S's
-    self-check); every candidate runs on the last `feedback_queries` queries of the validation split (never
-    the training query, whose answer is the reward; never scored on validation while W4S is in play); the best by validation accuracy advances the state, and
-    turn t samples m candidates from one prompt showing that workflow, its accuracy, up to `failure_cases`
-    failures and the change against the previous state. Every turn and repair is a row (turn, parent_sample_idx,
-    repair_of, feedback_accuracy), executed and scored like any other. W4S trains with RWR on its
-    history-relative reward (training.objective: rwr, `core/methods/w4s.py`). turns = 1: single-shot."""
+    self-check); every candidate runs on `feedback_queries` feedback queries (never the training query, whose
+    answer is the reward): by default (`feedback_split: train`) the last ones of the train split, which the loop
+    does not train on (train_queries + feedback_queries must fit the split), so W4S's feedback never touches
+    the validation queries the comparison is judged on; `validation` takes the last ones of the validation
+    split, as W4S's code does, and leaves them out of every validation score. The best by feedback accuracy
+    advances the state, and turn t samples m candidates from one prompt showing that workflow, its accuracy, up
+    to `failure_cases` failures and the change against the previous state. Every turn and repair is a row
+    (turn, parent_sample_idx, repair_of, feedback_accuracy), executed and scored like any other. W4S trains with
+    RWR on its history-relative reward (training.objective: rwr, `core/methods/w4s.py`). turns = 1: single-shot."""
 
-    turns: int = Field(1, ge=1, le=8)
-    feedback_queries: int = Field(2, ge=1, le=32)
+    turns: int = Field(1, ge=1, le=30)  # W4S's code: 30 iterations; its paper's main table: about 10
+    feedback_queries: int = Field(2, ge=1, le=64)
+    feedback_split: Literal["train", "validation"] = "train"
     repairs: int = Field(3, ge=0, le=3)  # W4S's debug_max
     failure_cases: int = Field(10, ge=0, le=32)  # W4S shows up to ~10
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        d = handler(self)
+        if isinstance(d, dict) and d.get("turns") == 1:  # single-shot reads no feedback: older hashes hold
+            d.pop("feedback_split", None)
+        return d
 
     @property
     def enabled(self) -> bool:
@@ -376,14 +388,16 @@ class ComparisonSection(_Section):
     queries (`core.methods.catalog` lists them; `spogw` is the reference of the paired differences)."""
 
     objectives: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
+    # W4S's turns and feedback queries when `w4s` is compared: its paper's by default (`core/methods/catalog.py`;
+    # `spogw plan` states what they cost); its feedback comes from `refinement.feedback_split`
+    w4s_turns: int = Field(W4S_TURNS, ge=2, le=30)
+    w4s_feedback_queries: int = Field(W4S_FEEDBACK_QUERIES, ge=1, le=64)
     # choices between methods are made on validation; `test` once, for the final table (a report of its own)
     split: Literal["test", "validation"] = "validation"
 
     @field_validator("objectives")
     @classmethod
     def _known_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from spogw_dagster.core.methods.catalog import METHODS
-
         unknown = [m for m in v if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
@@ -456,12 +470,18 @@ class SpogwConfig(BaseModel):
         t = self.report.sample_temperature
         return float(self.generator.temperature if t is None else t)
 
+    def feedback_queries(self) -> int:
+        """How many feedback queries W4S's turns take (the loop's own turns, the comparison's `w4s`, or both:
+        the larger), 0 when neither runs."""
+        loop = self.refinement.feedback_queries if self.refinement.enabled else 0
+        comp = self.comparison.w4s_feedback_queries if "w4s" in self.comparison.objectives else 0
+        return max(loop, comp)
+
     def reserved_validation(self, split: str = "validation") -> int:
         """How many queries at the end of `split` are W4S's feedback queries, and so never scored: on the
-        validation split, `refinement.feedback_queries` when turns are on or the comparison trains `w4s`;
-        else 0."""
-        if split == "validation" and (self.refinement.enabled or "w4s" in self.comparison.objectives):
-            return self.refinement.feedback_queries
+        validation split with `refinement.feedback_split: validation`, `feedback_queries()`; else 0."""
+        if split == "validation" and self.refinement.feedback_split == "validation":
+            return self.feedback_queries()
         return 0
 
     def curation_config(self):

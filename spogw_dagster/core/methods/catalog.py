@@ -32,6 +32,12 @@ __all__ = ["METHODS", "DATA_SECTIONS", "method_overrides", "method_names", "own_
 
 _BETAS = {"0": 0.0, "0.05": 0.05, "0.1": 0.1, "0.2": 0.2}
 
+# W4S's multi-turn optimisation at its paper's size: about 10 turns in the main table (its code's default is 30
+# iterations), each run on its validation set (33 HumanEval queries in its repository). Ours are settings
+# (comparison.w4s_turns, comparison.w4s_feedback_queries) with these defaults; `spogw plan` states their cost.
+W4S_TURNS = 10
+W4S_FEEDBACK_QUERIES = 33
+
 # Each baseline at its own paper's training settings. ScoreFlow's optimize.py sets 1 epoch and a per-device
 # batch of 1 pair = 2 rows (chosen, rejected) and keeps DPOConfig's default lr 1e-6. W4S's train.py sets lr
 # 2e-5 and leaves epochs and batch at Hugging Face TrainingArguments' defaults (3, 8). Both trainers keep the
@@ -51,10 +57,12 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
                   "generator": {"temperature": 0.2, "top_p": 0.95},
                   "executor": {"temperature": 0.0}, "execution": {"runs": 3}},
     "rwr": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}},
-    # W4S as a whole: its turns (2 per episode, W4S's context window; 5 candidates per turn, T = 0.5, up to 3
-    # self-check repairs) sampled for the comparison from the same parent, then RWR on all turns' candidates
+    # W4S as a whole: its turns (W4S_TURNS, each 5 candidates at T = 0.5 with up to 3 self-check repairs, run on
+    # W4S_FEEDBACK_QUERIES feedback queries) sampled for the comparison from the same parent, then RWR on all
+    # turns' candidates; turns and feedback queries come from `method_overrides`' arguments (the settings)
     "w4s": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}, "generator": {"temperature": 0.5},
-            "curation": {"m": 5}, "refinement": {"turns": 2, "repairs": 3}},
+            "curation": {"m": 5}, "refinement": {"turns": W4S_TURNS, "repairs": 3,
+                                                  "feedback_queries": W4S_FEEDBACK_QUERIES}},
     "score_dpo_ours": {"training": {"objective": "score_dpo"}},
     "rwr_ours": {"training": {"objective": "rwr"}},
     **{f"spogw_beta{k}": {"training": {"objective": "spogw", "beta": v}} for k, v in _BETAS.items()},
@@ -78,13 +86,17 @@ def method_names() -> list[str]:
     return list(METHODS)
 
 
-def method_overrides(name: str, n: int, t: int | None = None) -> dict[str, dict[str, Any]]:
+def method_overrides(name: str, n: int, t: int | None = None, *, w4s_turns: int = W4S_TURNS,
+                     w4s_feedback_queries: int = W4S_FEEDBACK_QUERIES) -> dict[str, dict[str, Any]]:
     """The section overrides of method `name` for a loop whose groups are of `n` with top/bottom `t`. A method
     that samples fewer than n candidates a query (w4s: 5) gets groups of all of them (its RWR uses no groups;
-    the curation must still be a valid one, e.g. under the paper's n = 14)."""
+    the curation must still be a valid one, e.g. under the paper's n = 14). W4S's turns and feedback queries
+    are the given ones (the paper's by default)."""
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     out = {section: dict(fields) for section, fields in METHODS[name].items()}
+    if "refinement" in out:
+        out["refinement"].update(turns=w4s_turns, feedback_queries=w4s_feedback_queries)
     cur = out.get("curation", {})
     if cur.get("t", 0) is None:
         cur["t"] = n // 2

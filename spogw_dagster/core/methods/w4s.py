@@ -9,8 +9,10 @@ W4S optimises one workflow per task, scored on a validation set; our workflows a
 adaptation (per query q):
 
 * a candidate's accuracy is its answer score on q (`execution_scores.answer_score`: pass@1 / exact answer);
-* "best so far" at turn t is the best accuracy of q's candidates in turns < t; "previous" is the accuracy of
-  the turn-(t−1) state (the candidate that advanced, `parent_sample_idx` of q's turn-t rows);
+* "best so far" at turn t is the best accuracy of q's *states* of turns < t (the candidates that advanced,
+  each the `parent_sample_idx` of the next turn's rows), as W4S compares with the systems it kept (its
+  examples and the last generated system), not with every candidate it tried; "previous" is the accuracy of
+  the turn-(t−1) state;
 * turn 0 has no history (W4S starts from its example workflows, which our prompt shows but never runs on q):
   best so far and previous are taken as 0, so a turn-0 candidate earns 1 when it answers at all correctly.
 
@@ -55,8 +57,8 @@ class Rewarded:
 
 
 def history_rewards(candidates: Iterable[Candidate]) -> list[Rewarded]:
-    """`w4s_reward` of every scored candidate against its query's history (module docstring), in (query, turn,
-    sample_idx) order. A turn-t candidate (t > 0) whose parent is not a candidate of turn t−1 is an error; a
+    """`w4s_reward` of every scored candidate against its query's states so far (module docstring), in (query,
+    turn, sample_idx) order. A turn-t candidate (t > 0) whose parent is not a candidate of turn t−1 is an error; a
     parent that was not scored counts as accuracy 0 (no state to beat). Unscored candidates get no reward."""
     by_query: dict[str, list[Candidate]] = {}
     for c in candidates:
@@ -65,6 +67,7 @@ def history_rewards(candidates: Iterable[Candidate]) -> list[Rewarded]:
     for q in sorted(by_query):
         rows = sorted(by_query[q], key=lambda c: (c.turn, c.sample_idx))
         acc = {(c.turn, c.sample_idx): c.accuracy for c in rows}
+        state_of = {c.turn - 1: c.parent for c in rows if c.turn > 0}  # turn s -> the sample that advanced
         for c in rows:
             if c.turn > 0 and (c.turn - 1, c.parent) not in acc:
                 raise ValueError(f"query {q!r}: turn-{c.turn} candidate {c.sample_idx} names parent {c.parent}, "
@@ -74,7 +77,8 @@ def history_rewards(candidates: Iterable[Candidate]) -> list[Rewarded]:
             if c.turn == 0:
                 best = prev = 0.0
             else:
-                best = max((a for (t, _), a in acc.items() if t < c.turn and a is not None), default=0.0)
+                best = max((acc.get((s, state_of[s])) or 0.0 for s in range(c.turn) if s in state_of),
+                           default=0.0)
                 prev = acc[(c.turn - 1, c.parent)] or 0.0
             out.append(Rewarded(c, best, prev, w4s_reward(c.accuracy, best, prev)))
     return out

@@ -3,8 +3,9 @@
 * turn 0: m candidates per training query from the generator prompt;
 * self-check: a candidate that does not parse gets up to `refinement.repairs` repair attempts, each shown the
   rejected workflow and the validator's error (W4S retries on the traceback, up to 3 times);
-* the environment: every candidate of the turn runs on the last `feedback_queries` of the validation split
-  (never the training query, whose answer is the reward); its validation accuracy is the mean answer score;
+* the environment: every candidate of the turn runs on `feedback_queries` feedback queries (`feedback_problems`:
+  by default train-split queries the loop does not train on; never the training query, whose answer is the
+  reward); its feedback accuracy is the mean answer score;
 * the state advances with the turn's best candidate (`core.methods.w4s.pick_state`); the next turn's prompt shows that
   workflow, its accuracy, up to `failure_cases` failed cases (question, its answer, the expected answer: the
   gold for math/QA, the first public test for code, whose canonical solution is never shown) and the change
@@ -29,13 +30,25 @@ MAX_CASE_CHARS = 240  # per question / answer in a failure case: the gist, not t
 
 
 def feedback_problems(cfg) -> list[Problem]:
-    """The last `refinement.feedback_queries` of the validation split (disjoint from train and test, and left
-    out of every validation score while W4S is in play: `SpogwConfig.reserved_validation`)."""
-    from spogw_dagster.benchmarks.queries import split_problems
+    """W4S's feedback queries: the last `refinement.feedback_queries` of the split `refinement.feedback_split`
+    names. From `train` (the default) they are queries the loop does not train on (the first `train_queries`
+    are), so no validation query is spent; from `validation` they are left out of every validation score
+    (`SpogwConfig.reserved_validation`). Either way disjoint from the training queries and the test split."""
+    from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
+    from spogw_dagster.benchmarks.queries import default_split_sizes
 
-    b = cfg.benchmark
-    problems, _ = split_problems(b.name, "validation", seed=b.split_seed, path=b.data_path)
-    return problems[-cfg.refinement.feedback_queries:]
+    b, r = cfg.benchmark, cfg.refinement
+    splits = make_benchmark_splits(b.name, b.split_seed, *default_split_sizes(b.name, path=b.data_path),
+                                   path=b.data_path)
+    problems = load_split_problems(splits, {"train": "train", "validation": "val"}[r.feedback_split], path=b.data_path)
+    used = b.train_queries if r.feedback_split == "train" else 0
+    if used + r.feedback_queries > len(problems):
+        raise ValueError(
+            f"refinement.feedback_queries={r.feedback_queries} feedback queries from the {r.feedback_split} split "
+            f"of {b.name} ({len(problems)} queries" + (f", the first {used} trained on" if used else "") + "): "
+            f"lower refinement.feedback_queries (or comparison.w4s_feedback_queries) to <= {len(problems) - used}"
+            + (", lower benchmark.train_queries, or set refinement.feedback_split: validation" if used else ""))
+    return problems[-r.feedback_queries:]
 
 
 @dataclass(frozen=True)

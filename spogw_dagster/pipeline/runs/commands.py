@@ -373,12 +373,16 @@ def add_plan_parser(sub) -> None:
 def plan_command(args: argparse.Namespace) -> int:
     import json
 
+    from dataclasses import asdict
+
     from spogw_dagster.pipeline.runs.plan import (
         Speeds,
         format_plan,
+        format_w4s_plan,
         measure_assets,
         plan_from_config,
         speeds_for_config,
+        w4s_plans_from_config,
     )
     from spogw_dagster.pipeline.runs.preflight import PLAN_CHECKS, PreflightError, preflight
     from spogw_dagster.pipeline.settings import ConfigValidationError
@@ -411,13 +415,16 @@ def plan_command(args: argparse.Namespace) -> int:
                                                                        for k, v in given.items()),
                         unknown=tuple(keep))
     p = plan_from_config(cfg, measured, speeds, first_iteration=args.first_iteration)
+    w4s = w4s_plans_from_config(cfg, p)
     if args.json:
-        print(json.dumps({"profile": cfg.profile, "plan": p.as_dict(), "notes": notes,
-                          "measured_from": measured.source if measured else None}, default=str))
+        print(json.dumps({"profile": cfg.profile, "plan": p.as_dict(), "w4s": [asdict(w) for w in w4s],
+                          "notes": notes, "measured_from": measured.source if measured else None}, default=str))
         return 0
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     print(format_plan(p, f"profile {cfg.profile}, {cfg.benchmark.name}"))
     print(f"  measured  : {measured.source}" if measured else
           f"  measured  : nothing (no execution_scores/sampled_workflows under {root}): caps are upper bounds")
+    for w in w4s:
+        print(format_w4s_plan(w))
     return 0

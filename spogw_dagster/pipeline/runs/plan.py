@@ -14,7 +14,10 @@ Counts per iteration k (d training queries, m samples each, groups of n, top/bot
   each sharpened to 2t rows: groups × 2t rows per query before aggregation; after unique-workflow aggregation
   (one row per distinct workflow; see core/training/objectives.py) at most min(m', groups × 2t) per query. Screening can only
   lower both (upper bounds at m' = m);
-- the report: h held-out queries × (greedy + k samples) workflows for π_k (and for the base model at k = 0).
+- the report: h held-out queries × (greedy + k samples) workflows for π_k (and for the base model at k = 0);
+- W4S's turns (`w4s_plan`: the loop's `refinement` when on, and the comparison's `w4s`): d queries × T turns ×
+  m candidates sampled (plus up to `repairs` repairs of each that does not parse: an upper bound), each run
+  on the training query and on F feedback queries: d·T·m·(1 + F) workflow runs.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
-           "plan_from_config", "measure_assets", "format_plan"]
+           "plan_from_config", "measure_assets", "format_plan", "W4SPlan", "w4s_plan", "w4s_plans_from_config",
+           "format_w4s_plan"]
 
 
 # Measured on this project's 2-core CPU machine (x86-64, no GPU). Generator and training: transformers on CPU,
@@ -253,6 +257,62 @@ def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds 
         heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
         first_iteration=first_iteration, measured=measured, speeds=speeds,
         processes=getattr(tr, "processes", 1), report_runs=getattr(cfg.report, "runs", None))
+
+
+@dataclass(frozen=True)
+class W4SPlan:
+    """The work of W4S's turns over one iteration's d training queries (module docstring)."""
+
+    who: str  # "the loop (refinement)" or "the comparison's w4s"
+    d: int
+    turns: int
+    m: int
+    feedback_queries: int
+    repairs: int
+    samples: int  # candidates sampled
+    repair_samples_max: int  # at most this many more (every candidate repaired `repairs` times)
+    workflow_runs: int  # on the training query and on the feedback queries
+    executor_calls: float
+    seconds: float | None  # token throughput only, repairs not counted; None when a speed is unknown
+
+
+def w4s_plan(who: str, *, d: int, turns: int, m: int, feedback_queries: int, repairs: int, runs: int,
+             tokens_per_sample: float, calls_per_workflow: float, tokens_per_call: float,
+             speeds: Speeds) -> W4SPlan:
+    samples = d * turns * m
+    wf_runs = samples * (1 + feedback_queries) * runs
+    calls = wf_runs * calls_per_workflow
+    gen_s, exe_s = _per(samples * tokens_per_sample, speeds.generator_tps), _per(calls * tokens_per_call,
+                                                                                    speeds.executor_tps)
+    return W4SPlan(who, d, turns, m, feedback_queries, repairs, samples, samples * repairs, wf_runs, calls,
+                   None if gen_s is None or exe_s is None else gen_s + exe_s)
+
+
+def w4s_plans_from_config(cfg: Any, p: IterationPlan) -> list[W4SPlan]:
+    """W4S's turns this config runs: the loop's own (`refinement.turns` > 1) and the comparison's `w4s`
+    (its settings `comparison.w4s_turns`, `w4s_feedback_queries`; 5 candidates a turn), priced with the
+    per-sample and per-call figures of `p` (measured where it had them)."""
+    from spogw_dagster.core.methods.catalog import METHODS
+
+    common = dict(d=cfg.benchmark.train_queries, repairs=cfg.refinement.repairs, runs=cfg.execution.runs,
+                  tokens_per_sample=p.tokens_per_sample, calls_per_workflow=p.calls_per_workflow,
+                  tokens_per_call=p.completion_tokens_per_call, speeds=p.speeds)
+    out = []
+    if cfg.refinement.enabled:
+        out.append(w4s_plan("the loop (refinement)", turns=cfg.refinement.turns, m=cfg.curation.m,
+                            feedback_queries=cfg.refinement.feedback_queries, **common))
+    if "w4s" in cfg.comparison.objectives:
+        c = cfg.comparison
+        out.append(w4s_plan("the comparison's w4s", turns=c.w4s_turns, m=METHODS["w4s"]["curation"]["m"],
+                            feedback_queries=c.w4s_feedback_queries, **common))
+    return out
+
+
+def format_w4s_plan(w: W4SPlan) -> str:
+    time = "not estimated" if w.seconds is None else f"≈ {_hm(w.seconds)} (token throughput, repairs not counted)"
+    return (f"  W4S turns : {w.who}: d = {w.d} queries x {w.turns} turns x {w.m} candidates = {_n(w.samples)} "
+            f"samples (+ <= {_n(w.repair_samples_max)} repairs), each run on its query and {w.feedback_queries} "
+            f"feedback queries: {_n(w.workflow_runs)} workflow runs, {_n(w.executor_calls)} executor calls; {time}")
 
 
 def measure_assets(root: str | Path) -> Measured | None:

@@ -161,6 +161,9 @@ def split_problems(cfg) -> list[Finding]:
     if reserved:  # W4S's feedback queries sit at the end of the validation split and are never scored
         wanted[2] = ("benchmark.validation_queries + refinement.feedback_queries",
                      (b.validation_queries or 1) + reserved, "validation", n_val)
+    elif cfg.feedback_queries():  # ... or at the end of the train split, after the queries trained on
+        wanted[0] = ("benchmark.train_queries + W4S's feedback queries (refinement.feedback_queries or "
+                     "comparison.w4s_feedback_queries)", b.train_queries + cfg.feedback_queries(), "train", n_train)
     for field, want, split, have in wanted:
         if want is not None and want > have:
             out.append(Finding("benchmark", False,

@@ -131,7 +131,9 @@ def scoring_config(cfg: SpogwConfig) -> SpogwConfig:
 
 def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
     """The loop's config with method `name`'s curation/training overrides applied (validated as any config)."""
-    return parse_config(deep_merge(cfg.canonical(), method_overrides(name, cfg.curation.n, cfg.curation.t)))
+    c = cfg.comparison
+    return parse_config(deep_merge(cfg.canonical(), method_overrides(
+        name, cfg.curation.n, cfg.curation.t, w4s_turns=c.w4s_turns, w4s_feedback_queries=c.w4s_feedback_queries)))
 
 
 def candidate_rows_sha256(sampled: pl.DataFrame, scores: pl.DataFrame) -> str:
