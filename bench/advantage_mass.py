@@ -1,0 +1,102 @@
+"""Where a curation setting would push the generator: the advantage mass per workflow structure, from a run's
+sampled and scored workflows, without training anything.
+
+A group's advantages say which of its workflows training makes more likely (Â > 0) and which less. Summed per
+structure (the sequence of operator calls; an invalid or failed workflow is its status), they show what the
+data teaches: whether the structure that answers better gets the positive mass, or the one that merely
+parses. Each `--variant` re-curates the same rows with some `curation` fields changed (`core.curation.curate`,
+the loop's own code) and prints groups, rows and (rows, Σ Â) per structure; `answer_only` scores every
+workflow by its answer alone (0 unless it ran), the reward a pure-answer ladder gives.
+
+    python bench/advantage_mass.py --config run.yaml --assets-dir ~/runs/a37/seed-0 \\
+        --variant "" --variant "n=4,g_max=4,adv_std_floor=0.25" --variant "answer_only,n=4"
+
+This is how the `answers` profile's curation was chosen (docs/methods.md): from the training data, never
+from held-out scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter, defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KEY = ["iteration", "query_id", "sample_idx"]
+
+
+def structure(workflow: str | None, status: str) -> str:
+    """The operator calls in order (`code_generate->test`), or `<status>` for a workflow that did not run."""
+    if status != "ok":
+        return f"<{status}>"
+    return "->".join(re.findall(r"self\.(\w+)\(", workflow or "")) or "<no call>"
+
+
+def parse_variant(text: str) -> tuple[bool, dict[str, float | int]]:
+    """"answer_only,n=4,adv_std_floor=0.25" -> (True, {"n": 4, "adv_std_floor": 0.25})."""
+    answer_only, fields = False, {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if part == "answer_only":
+            answer_only = True
+            continue
+        name, _, value = part.partition("=")
+        if not value:
+            raise SystemExit(f"--variant {text!r}: {part!r} is not name=value (or answer_only)")
+        fields[name] = float(value) if "." in value else int(value)
+    return answer_only, fields
+
+
+def advantage_mass(rows, cfg, answer_only: bool):
+    """(curation summary, {structure: (rows, Σ advantage)}) of `rows` (the curation input plus answer_score)."""
+    import polars as pl
+
+    from spogw_dagster.core import curation
+
+    inp = rows.drop("answer_score")
+    if answer_only:
+        inp = inp.with_columns(pl.when(pl.col("status") == "ok").then(rows["answer_score"].fill_null(0.0))
+                               .otherwise(0.0).alias("score"))
+    res = curation.curate(inp, cfg)
+    members = res.members.join(rows.select(KEY + ["workflow", "status"]), on=KEY)
+    count: Counter[str] = Counter()
+    mass: defaultdict[str, float] = defaultdict(float)
+    for r in members.iter_rows(named=True):
+        s = structure(r["workflow"], r["status"])
+        count[s] += 1
+        mass[s] += r["advantage"]
+    return res.summary, {s: (count[s], mass[s]) for s in sorted(count, key=lambda s: -abs(mass[s]))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="the run's YAML config (or a profile name)")
+    ap.add_argument("--assets-dir", required=True, type=Path, help="the run's seed folder")
+    ap.add_argument("--variant", action="append", default=None,
+                    help='curation fields to change, "name=value,..." (and/or answer_only); "" = as run')
+    args = ap.parse_args(argv)
+    import polars as pl
+
+    from spogw_dagster.pipeline.data import tables
+    from spogw_dagster.pipeline.settings import load_config
+
+    cfg = load_config(config_file=args.config) if Path(args.config).is_file() else load_config(args.config)
+    sampled = pl.read_parquet(sorted((args.assets_dir / "sampled_workflows").glob("*.parquet")))
+    scores = pl.read_parquet(sorted((args.assets_dir / "execution_scores").glob("*.parquet")))
+    rows = tables.curation_input(sampled, scores).join(scores.select(KEY + ["answer_score"]), on=KEY)
+    print(f"{sampled.height} sampled workflows of {sampled['query_id'].n_unique()} queries in {args.assets_dir}")
+    for text in args.variant or [""]:
+        answer_only, fields = parse_variant(text)
+        summary, by = advantage_mass(rows, replace(cfg.curation_config(), **fields), answer_only)
+        cells = ", ".join(f"{s} {n} rows {m:+.2f}" for s, (n, m) in by.items())
+        print(f"[{text or 'as run'}] {summary['groups_kept']} groups, {summary['member_rows']} rows, "
+              f"{summary['queries_with_groups']} queries: {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
