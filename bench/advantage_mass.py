@@ -91,7 +91,11 @@ def main(argv=None) -> int:
     print(f"{sampled.height} sampled workflows of {sampled['query_id'].n_unique()} queries in {args.assets_dir}")
     for text in args.variant or [""]:
         answer_only, fields = parse_variant(text)
-        summary, by = advantage_mass(rows, replace(cfg.curation_config(), **fields), answer_only)
+        try:
+            ccfg = replace(cfg.curation_config(), **fields)
+        except TypeError as e:  # a name that is not a curation field
+            raise SystemExit(f"--variant {text!r}: {e}; the fields are those of `curation:`") from None
+        summary, by = advantage_mass(rows, ccfg, answer_only)
         cells = ", ".join(f"{s} {n} rows {m:+.2f}" for s, (n, m) in by.items())
         print(f"[{text or 'as run'}] {summary['groups_kept']} groups, {summary['member_rows']} rows, "
               f"{summary['queries_with_groups']} queries: {cells}")
