@@ -13,7 +13,14 @@ import json
 import sys
 from pathlib import Path
 
+from . import bundled_models as bm
+from .benchmarks.queries import get_problem, held_out_problems, split_problems
+from .evaluation import baseline_workflow, evaluate_many, evaluate_text, summarize
+from .executors.factory import make_executor
 from .sandboxing import SandboxUnavailableError, detect_isolation, isolation_choices
+from .sandboxing.engine import DockerUnavailableError
+from .sandboxing.images import SANDBOX_IMAGE, build_image
+from .static_methods import STATIC_METHODS, STRUCTURES
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -32,7 +39,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .static_methods import STATIC_METHODS, STRUCTURES
 
     ap = argparse.ArgumentParser(prog="spogw", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -76,8 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sandbox_build_image(args) -> int:
-    from .sandboxing.engine import DockerUnavailableError
-    from .sandboxing.images import SANDBOX_IMAGE, build_image
 
     try:
         print(build_image(SANDBOX_IMAGE, force=args.force))
@@ -87,7 +91,6 @@ def _sandbox_build_image(args) -> int:
 
 
 def _models(args) -> int:
-    from . import bundled_models as bm
 
     cmd = args.models_cmd or "list"
     try:
@@ -134,7 +137,6 @@ def _fail(msg: str, as_json: bool, code: int = 2) -> int:
 
 def _sandbox_and_executor(args):
     """The isolation (refusing early if none) and the executor the common options ask for."""
-    from .executors.factory import make_executor
 
     iso = detect_isolation(args.isolation, args.unsafe_no_sandbox)
     executor = make_executor(args.executor_url, args.executor_model, cache_path=args.cache_path,
@@ -143,8 +145,6 @@ def _sandbox_and_executor(args):
 
 
 async def _exec_workflow(args) -> int:
-    from .benchmarks.queries import get_problem
-    from .evaluation import evaluate_text
 
     problem = get_problem(args.benchmark, args.query, path=args.data_path)
     text = Path(args.workflow).read_text()
@@ -166,8 +166,6 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-    from .benchmarks.queries import held_out_problems, split_problems
-    from .evaluation import baseline_workflow, evaluate_many, summarize
 
     if args.split == "test":
         problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)

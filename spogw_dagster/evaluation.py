@@ -11,10 +11,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .benchmarks import CodeSandbox
+from .benchmarks import score as score_answer
+from .contracts import Problem, Status, Usage
 from .sandboxing import Isolation, Limits
 from .seeds import derive_seed
 from .static_methods import BASELINE_METHODS, STATIC_METHODS, STRUCTURES  # noqa: F401 (BASELINE_METHODS: API)
-from .contracts import Problem, Status, Usage
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
 from .workflow.provenance import WORKFLOW
@@ -224,8 +226,6 @@ async def evaluate_workflow(
 ) -> EvalResult:
     """Run `code` R times on `problem`; score = mean over runs of the benchmark metric (0 for failed runs, and
     for runs whose answer is not the executor's: `workflow.provenance`; their detail says so)."""
-    from .benchmarks import CodeSandbox
-    from .benchmarks import score as score_answer  # late: scoring pulls math-verify
 
     if runs < 1:
         raise ValueError("runs must be >= 1")

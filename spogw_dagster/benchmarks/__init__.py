@@ -22,14 +22,8 @@ from .code_tests import (
     score_code,
     solution_code,
 )
-from .verdict import TestJob, Verdict, judge
 from .dataio import BenchmarkDataError, BenchmarkFileNotFoundError
-from .fixtures import (
-    write_drop_fixture,
-    write_fixtures,
-    write_hotpotqa_fixture,
-    write_mbpp_fixture,
-)
+from .fixtures import write_drop_fixture, write_fixtures, write_hotpotqa_fixture, write_mbpp_fixture
 from .humaneval import extract_public_tests
 from .registry import DATASETS, DatasetSpec, dataset_names, get_spec, load_benchmark
 from .scoring import (
@@ -57,6 +51,7 @@ from .splits import (
     save_splits,
 )
 from .textutil import last_boxed, last_number
+from .verdict import TestJob, Verdict, judge
 
 __all__ = [
     "BenchmarkDataError",

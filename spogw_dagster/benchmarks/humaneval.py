@@ -11,8 +11,8 @@ import ast
 import re
 from pathlib import Path
 
-from ..paths import humaneval_data
 from ..contracts import Problem
+from ..paths import humaneval_data
 from .dataio import BenchmarkDataError, iter_jsonl, require
 
 MAX_PUBLIC_TESTS = 3

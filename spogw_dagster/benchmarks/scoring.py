@@ -62,7 +62,8 @@ from typing import Any
 from ..contracts import Problem
 from .code_tests import CodeSandbox, ScoreDetail, score_code, solution_code
 from .registry import BENCHMARK_SCORERS
-from .textutil import NUMBER_RE as _NUMBER_AT, find_numbers, last_boxed, last_boxed_span, last_number, to_float
+from .textutil import NUMBER_RE as _NUMBER_AT
+from .textutil import find_numbers, last_boxed, last_boxed_span, last_number, to_float
 
 log = logging.getLogger(__name__)
 

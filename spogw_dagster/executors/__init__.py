@@ -20,20 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spogw_dagster.executors.base import (
-    Executor,
-    ExecutorError,
-    MeteredExecutor,
-    PromptTooLongError,
-    RequestFaultError,
-)
-from spogw_dagster.executors.cache import (
-    CachedCall,
-    CachingExecutor,
-    CallCache,
-    cache_key,
-    is_cacheable,
-)
+from spogw_dagster.executors.base import Executor, ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
+from spogw_dagster.executors.cache import CachedCall, CachingExecutor, CallCache, cache_key, is_cacheable
 
 if TYPE_CHECKING:
     from spogw_dagster.executors.fleet import FleetExecutor

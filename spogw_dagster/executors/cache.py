@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from spogw_dagster.executors.base import Executor
 from spogw_dagster.contracts import ChatResult, SamplingParams, clean_json
+from spogw_dagster.executors.base import Executor
 
 __all__ = ["CallCache", "CachedCall", "CachingExecutor", "cache_key", "canonical_request", "is_cacheable"]
 

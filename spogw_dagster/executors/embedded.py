@@ -45,6 +45,8 @@ from typing import Any
 
 import httpx
 
+from ..bundled_models import gguf_path as bundled_gguf
+from ..bundled_models import verified_sha256
 from ..children import die_with_parent
 from ..contracts import ChatResult, SamplingParams
 from ..fsutil import file_sha256
@@ -346,13 +348,11 @@ class EmbeddedExecutor:
 
     def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, workers: int | None = None,
                  threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None):
-        from ..bundled_models import gguf_path as bundled_gguf
 
         path = Path(gguf_path) if gguf_path else bundled_gguf("smollm2")
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self.path = path
-        from ..bundled_models import verified_sha256
 
         self.model = f"{path.stem}@{(verified_sha256(path) or file_sha256(path))[:12]}"
         if servers:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..paths import cache_dir
+from .attribution import FaultAttributingExecutor
+from .cache import CachingExecutor, CallCache
 
 
 def default_cache_path() -> Path:
@@ -56,11 +58,9 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
             hint = " (with an endpoint URL, the model is the name the endpoint serves)" if "neither" in str(e) else ""
             raise ValueError(f"{e}{hint}") from None
         inner = EmbeddedExecutor(gguf, workers=workers, threads=threads, timeout_s=timeout_s)
-    from .attribution import FaultAttributingExecutor
 
     inner = FaultAttributingExecutor(inner)
     if not use_cache:
         return inner
-    from .cache import CachingExecutor, CallCache
 
     return CachingExecutor(inner, CallCache(cache_path or default_cache_path()), namespace=namespace)

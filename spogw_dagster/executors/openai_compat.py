@@ -34,15 +34,10 @@ from datetime import timezone
 from typing import Any
 
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-)
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
-from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
 from spogw_dagster.contracts import ChatResult, SamplingParams, clean_json, clean_text
+from spogw_dagster.executors.base import ExecutorError, PromptTooLongError
 
 __all__ = ["OpenAICompatExecutor", "parse_retry_after", "UNREACHABLE_HINT"]
 

@@ -39,13 +39,13 @@ from pydantic import (
     model_validator,
 )
 
-from spogw_dagster.core.training import registry
-from spogw_dagster.core.hyperparams import CurationConfig
+from spogw_dagster.benchmarks import get_spec
+from spogw_dagster.bundled_models import find
+from spogw_dagster.core.hyperparams import ConfigError, CurationConfig
 from spogw_dagster.core.methods.catalog import METHODS, W4S_FEEDBACK_QUERIES, W4S_TURNS
-from spogw_dagster.core.training import TrainConfig
-
 from spogw_dagster.core.rewards import Ladder
-
+from spogw_dagster.core.training import TrainConfig, registry
+from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
 
@@ -85,7 +85,6 @@ class BenchmarkSection(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        from spogw_dagster.benchmarks import get_spec
 
         try:
             return get_spec(v).name
@@ -117,7 +116,6 @@ class GeneratorSection(_Section):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
-        from spogw_dagster.models import ALIASES
 
         if v.lower() in ALIASES:
             return v.lower()
@@ -165,7 +163,6 @@ class ExecutorSection(_Section):
         # the embedded executor on a bundled model: one spelling per model, so its aliases share a config hash
         if v is None or info.data.get("url") or info.data.get("urls"):
             return v
-        from spogw_dagster.bundled_models import find
 
         m = find(v)
         return m.alias if m is not None else v
@@ -436,7 +433,6 @@ class SpogwConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
-        from spogw_dagster.core.hyperparams import ConfigError
 
         try:
             self.curation.core()

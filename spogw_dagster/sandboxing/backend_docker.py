@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..fsutil import pid_alive
+from ..paths import cache_dir
 from . import seccomp
 from .backend import Launch, RunIdentity, fresh_uid
 from .engine import DockerUnavailableError, client, docker, engine_answers, host, last_line
@@ -123,7 +124,6 @@ def seccomp_profile() -> dict:
 
 def seccomp_profile_path() -> Path:
     """The profile as a file (the client reads it on every `docker run`), written once per content."""
-    from ..paths import cache_dir
 
     text = json.dumps(seccomp_profile(), indent=1, sort_keys=True)
     path = cache_dir() / "docker" / f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"

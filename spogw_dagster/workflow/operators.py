@@ -22,9 +22,9 @@ from ..benchmarks import (
     run_public_tests,
     solution_code,
 )
+from ..contracts import Problem, SamplingParams
 from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
-from ..contracts import Problem, SamplingParams
 from .provenance import Provenance
 from .template import OPERATORS
 

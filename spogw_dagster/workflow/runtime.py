@@ -35,19 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from ..benchmarks import scored_text
+from ..contracts import Problem, Status, Usage, clean_json
 from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
 from ..sandboxing import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
 from ..seeds import derive_seed
-from ..contracts import Problem, Status, Usage, clean_json
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
+from .parser import ALLOWED_IMPORTS, SAFE_BUILTINS, ValidationLimits, WorkflowRejected, validate
 from .provenance import Provenance, workflow_literals
-from .parser import (
-    ALLOWED_IMPORTS,
-    SAFE_BUILTINS,
-    ValidationLimits,
-    WorkflowRejected,
-    validate,
-)
 from .template import PRODUCING_OPERATORS, operator_names
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.contracts import SamplingParams
+from spogw_dagster.core.device_paths import prefix_sharing_for
+from spogw_dagster.models import check_adapter_folder, load_tokenizer, resolve_model
 from spogw_dagster.seeds import sampler_seed
 
 __all__ = [
@@ -306,7 +308,6 @@ class TransformersSampler:
     ) -> None:
         import torch
 
-        from spogw_dagster.core.device_paths import prefix_sharing_for
 
         self._cache_kwarg: str | None = None
         if batch_size < 1:
@@ -644,11 +645,6 @@ class VLLMSampler:
             from vllm import LLM
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise ImportError(f"the vLLM sampler needs vllm, which is not installed; fix: {GPU_EXTRA_HINT}") from e
-        from spogw_dagster.models import (
-            check_adapter_folder,
-            load_tokenizer,
-            resolve_model,
-        )
 
         folder = resolve_model(model_spec)
         self.seed = int(seed)

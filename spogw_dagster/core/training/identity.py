@@ -13,6 +13,7 @@ from spogw_dagster.core.hyperparams import ConfigError
 from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.examples import TrainExample
 from spogw_dagster.fsutil import file_sha256
+from spogw_dagster.models import check_adapter_folder, resolve_model
 
 
 def sha(obj: Any) -> str:
@@ -48,7 +49,6 @@ def check_previous_matches(prev: Path, cfg: TrainConfig) -> None:
 def identify_run(examples, cfg: TrainConfig, output_dir, base_model, previous_adapter):
     """The validated inputs of a run and what identifies it: (examples, output folder, base model folder,
     previous adapter folder or None, run_hashes)."""
-    from spogw_dagster.models import check_adapter_folder, resolve_model
 
     exs = [e if isinstance(e, TrainExample) else TrainExample.from_dict(e) for e in examples]
     if not exs:

@@ -56,6 +56,7 @@ from spogw_dagster.core.training.identity import finished_run_stats, identify_ru
 from spogw_dagster.core.training.logprobs import score_completions
 from spogw_dagster.core.training.optimize import optimize
 from spogw_dagster.core.training.passes import device_for, log_prob_shift, reference_passes, shared_path
+from spogw_dagster.models import load_model_and_tokenizer
 
 __all__ = ["train_lora", "score_examples"]
 
@@ -79,7 +80,6 @@ def train_lora(
     (`core.training.distributed`: micro-batches sharded, gradients summed); rank 0 alone logs and writes the folder,
     and the run hash is the 1-process run's (the number of processes is not part of what is trained)."""
 
-    from spogw_dagster.models import load_model_and_tokenizer
 
     cfg = cfg or TrainConfig()
     exs, out, folder, prev, hashes = identify_run(examples, cfg, output_dir, base_model, previous_adapter)
@@ -150,7 +150,6 @@ def score_examples(
     `shared_prompt`, examples with the same prompt are batched together and the prompt runs once per batch
     (None: the path measured faster on the model's device, `core.device_paths`).
     """
-    from spogw_dagster.models import load_model_and_tokenizer
 
     if model is None:
         model, tokenizer = load_model_and_tokenizer(base_model, adapter_path=adapter_path)

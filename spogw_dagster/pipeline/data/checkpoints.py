@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster.adapter_files import ADAPTER_FILES, ADAPTER_WEIGHTS, STATS_FILE
+from spogw_dagster.core.training import lora_config, save_adapter
 from spogw_dagster.fsutil import file_sha256, replace_dir
-from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.models import load_model_and_tokenizer, resolve_model
 from spogw_dagster.pipeline.data.iteration_keys import key_to_int, previous_key
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 
 class MissingCheckpointError(RuntimeError):
@@ -139,8 +141,6 @@ def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -
     import torch
     from peft import get_peft_model
 
-    from spogw_dagster.core.training import lora_config, save_adapter
-    from spogw_dagster.models import load_model_and_tokenizer, resolve_model
 
     model, _ = load_model_and_tokenizer(base_model, dtype=tcfg.dtype)
     torch.manual_seed(tcfg.seed)

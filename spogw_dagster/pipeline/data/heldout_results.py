@@ -8,13 +8,13 @@ from pathlib import Path
 
 import polars as pl
 
+from spogw_dagster.pipeline.data.catalog import refresh_catalog
 from spogw_dagster.pipeline.data.storage import AssetStore
 
 TABLE = "heldout_results"
 
 
 def write(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
-    from spogw_dagster.pipeline.data.catalog import refresh_catalog
 
     store.write_parquet(TABLE, key, rows)
     refresh_catalog(store)

@@ -9,13 +9,9 @@ from typing import Any, Sequence
 import polars as pl
 
 from spogw_dagster.contracts import Status
-from spogw_dagster.pipeline.data.tables import (
-    HELDOUT_SCHEMA,
-    KIND_ORDER,
-    REPORT_SCHEMA,
-    relabel,
-    typed_frame,
-)
+from spogw_dagster.core import stats
+from spogw_dagster.pipeline.data.tables import HELDOUT_SCHEMA, KIND_ORDER, REPORT_SCHEMA, relabel, typed_frame
+from spogw_dagster.workflow.copies import distinct_count
 
 # metric -> heldout column; rates get (design-effect) Wilson intervals, means a query bootstrap
 RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rate": "trivial",
@@ -55,7 +51,6 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
 
     Executor-error samples are our infrastructure failing, not the workflow: they are left out of every
     metric and pair (counted in `executor_errors`)."""
-    from spogw_dagster.core import stats
 
     out: list[dict[str, Any]] = []
     scored_all = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
@@ -95,7 +90,6 @@ def summarize_heldout(heldout: pl.DataFrame, *, iteration: int, config_hash: str
 
 def distinct_per_query(rows: pl.DataFrame) -> float | None:
     """Mean over queries of how many different valid workflows (names and layout normalised) were written."""
-    from spogw_dagster.workflow.copies import distinct_count
 
     valid = rows.filter(pl.col("valid"))
     if valid.height == 0:
@@ -227,7 +221,6 @@ def paired_comparison(a: pl.DataFrame, b: pl.DataFrame, *, resamples: int = 2000
     a pair whose sampler or executor seeds differ is not a pair, and is an error (the comparison would be
     between different draws). `generator_seeds=False` pairs a policy with a static baseline, which has no
     generator: then only the executor seeds must agree. Executor-error samples are left out, as in the report."""
-    from spogw_dagster.core import stats
 
     key = ["mode", "query_id", "sample_idx"]
     ok = pl.col("status") != Status.EXECUTOR_ERROR.value

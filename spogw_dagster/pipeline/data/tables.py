@@ -13,12 +13,10 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.core.curation import SCREENED_SCHEMA as CORE_SCREENED_SCHEMA
-from spogw_dagster.core.rewards import (
-    Ladder,
-    executes_share,
-    is_trivial,
-    ladder_reward,
-)
+from spogw_dagster.core.rewards import Ladder, executes_share, is_trivial, ladder_reward
+from spogw_dagster.workflow.parser import WorkflowRejected, parse_workflow
+from spogw_dagster.workflow.runtime import INTERNAL_ERROR
+from spogw_dagster.workflow.template import assemble_workflow
 
 # ------------------------------------------------------------------------------------------------
 # sampled_workflows
@@ -59,8 +57,6 @@ class Sample:
 
 def parse_completion(text: str, family: str) -> tuple[str, str, str]:
     """(workflow code, parse status, error) for a completion of the generator prompt."""
-    from spogw_dagster.workflow.parser import WorkflowRejected, parse_workflow
-    from spogw_dagster.workflow.template import assemble_workflow
 
     try:
         parsed = parse_workflow(text, family, completion=True)
@@ -167,7 +163,6 @@ def origin_columns(result) -> dict[str, Any]:
 
 def internal_error_rows(scores: pl.DataFrame) -> pl.DataFrame:
     """The execution_scores rows of runs that tripped a bug of ours (`runtime.INTERNAL_ERROR`)."""
-    from spogw_dagster.workflow.runtime import INTERNAL_ERROR
 
     return scores.filter(pl.col("error").fill_null("").str.starts_with(INTERNAL_ERROR))
 

@@ -9,12 +9,11 @@ from typing import Any, Sequence
 import polars as pl
 
 from spogw_dagster.contracts import Status
-from spogw_dagster.core.training import registry
-from spogw_dagster.pipeline.data.tables import (
-    TRAINING_ROWS_SCHEMA,
-    curation_input,
-    typed_frame,
-)
+from spogw_dagster.core.curation import sample_preference_pairs, score_dpo_candidates, w4s_kept_candidates
+from spogw_dagster.core.curation import scored_candidates as core_candidates
+from spogw_dagster.core.methods.w4s import Candidate, history_rewards
+from spogw_dagster.core.training import TrainExample, registry
+from spogw_dagster.pipeline.data.tables import TRAINING_ROWS_SCHEMA, curation_input, typed_frame
 from spogw_dagster.seeds import offset_seed
 
 # ------------------------------------------------------------------------------------------------
@@ -27,7 +26,6 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
 
     A member that occurs in several groups yields one example per group (the paper weights workflows that
     are extreme in many groups more). A member with no sampled row is an error."""
-    from spogw_dagster.core.training import TrainExample
 
     if sharpened.height == 0:
         return []
@@ -84,7 +82,6 @@ def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataF
     of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
     sampled prompt, completion, tokens and log-probs and the row's answer score. A row whose completion has no tokens is left out (there
     is nothing to train on; the trainer refuses empty completions)."""
-    from spogw_dagster.core.curation import scored_candidates as core_candidates
 
     usable, _ = core_candidates(curation_input(sampled, scores))
     j = (usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
@@ -93,7 +90,6 @@ def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataF
 
 
 def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advantage: float = 0.0):
-    from spogw_dagster.core.training import TrainExample
 
     return TrainExample(prompt=r["prompt"], completion=r["completion"], advantage=advantage,
                         score=float(r["score"]), old_logprobs=list(r["logprobs"]),
@@ -107,7 +103,6 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, i
     (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
     examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
     micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
-    from spogw_dagster.core.curation import sample_preference_pairs, score_dpo_candidates
 
     cands = score_dpo_candidates(training_candidates(sampled, scores))  # ran, compared on the answer
     pairs = sample_preference_pairs(cands, ocfg.dpo_num_pairs, power=ocfg.dpo_pair_power,
@@ -134,7 +129,6 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iterati
     history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
     import math
 
-    from spogw_dagster.core.curation import w4s_kept_candidates
 
     cands = w4s_kept_candidates(training_candidates(sampled, scores))
     if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
@@ -156,7 +150,6 @@ def w4s_rewards(sampled: pl.DataFrame, scores: pl.DataFrame) -> dict[tuple[str, 
     """(query_id, sample_idx) → W4S's reward (`core.methods.w4s.history_rewards`) of every scored row: its answer score
     against the best answer of earlier turns of its query and against the state it was sampled from
     (`parent_sample_idx`). Executor errors have no accuracy: no reward, and left out of the history."""
-    from spogw_dagster.core.methods.w4s import Candidate, history_rewards
 
     cols = [c for c in ("turn", "parent_sample_idx") if c in sampled.columns]
     j = sampled.select(_KEY + cols).join(scores.select(_KEY + ["answer_score", "status"]), on=_KEY, how="left")

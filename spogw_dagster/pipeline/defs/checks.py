@@ -25,9 +25,11 @@ import warnings
 import dagster as dg
 import polars as pl
 
+from spogw_dagster.models import load_model_and_tokenizer
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.defs.partitions import iteration_key, iterations
 from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain.outage import executed_error_share
 
 
 def _ck(**kw):
@@ -80,7 +82,6 @@ def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg
                                            "never call the executor) stays under "
                                            "execution.max_executor_error_rate.")
 def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-    from spogw_dagster.pipeline.domain.outage import executed_error_share
 
     limit = pipeline.config().execution.max_executor_error_rate
     errors, executed, rate = executed_error_share(execution_scores)
@@ -120,7 +121,6 @@ def groups_kept(screened_groups: pl.DataFrame) -> dg.AssetCheckResult:
 @_ck(asset="lora_checkpoint", blocking=True,
      description="Training losses are finite and the saved adapter reloads with peft (hash unchanged).")
 def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-    from spogw_dagster.models import load_model_and_tokenizer
 
     row = lora_checkpoint.row(0, named=True)
     losses = list(row["loss_curve"] or [])

@@ -19,10 +19,15 @@ from typing import Any, AsyncIterator
 
 import dagster as dg
 
+from spogw_dagster.benchmarks import BenchmarkDataError, load_split_problems, make_benchmark_splits
+from spogw_dagster.benchmarks.queries import default_split_sizes, held_out_problems, split_problems
 from spogw_dagster.contracts import Problem
-
-from spogw_dagster.pipeline.settings import SpogwConfig, parse_config
+from spogw_dagster.core.inference.sampling import make_sampler
+from spogw_dagster.executors.attribution import FaultAttributingExecutor
+from spogw_dagster.executors.factory import make_executor
 from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.settings import ConfigValidationError, SpogwConfig, parse_config
+from spogw_dagster.sandboxing import detect_isolation
 
 
 @lru_cache(maxsize=16)
@@ -33,8 +38,6 @@ def _parse(config_json: str) -> SpogwConfig:
 
 @lru_cache(maxsize=16)
 def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: int) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
-    from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
-    from spogw_dagster.benchmarks.queries import default_split_sizes, held_out_problems
 
     n_train, n_val, n_test = default_split_sizes(benchmark, path=data_path)
     if d > n_train:
@@ -54,10 +57,7 @@ def check_benchmark_data(cfg: SpogwConfig) -> None:
     """Read the benchmark's training and report queries once, before a command writes anything: a missing or
     malformed data file (wrong top-level type, missing fields, bad encoding, too few queries) is one error naming
     the file, what is wrong and the fix, instead of a failed first step."""
-    from spogw_dagster.benchmarks import BenchmarkDataError
-    from spogw_dagster.benchmarks.queries import split_problems
 
-    from spogw_dagster.pipeline.settings import ConfigValidationError
 
     b, rep = cfg.benchmark, cfg.report
     try:
@@ -98,7 +98,6 @@ class PipelineResource(dg.ConfigurableResource):
         return list(_queries(b.name, b.data_path, b.split_seed, b.train_queries, b.heldout_queries)[1])
 
     def isolation(self):
-        from spogw_dagster.sandboxing import detect_isolation
 
         e = self.config().execution
         return detect_isolation(e.isolation, e.allow_unsandboxed)
@@ -108,7 +107,6 @@ class PipelineResource(dg.ConfigurableResource):
         return p if p.is_absolute() else Path(self.assets_dir) / p
 
     def sampler(self, adapter_path: str | Path | None, seed: int):
-        from spogw_dagster.core.inference.sampling import make_sampler
 
         g = self.config().generator
         return make_sampler(g.backend, model_spec=g.model, adapter_path=str(adapter_path) if adapter_path else None,
@@ -117,7 +115,6 @@ class PipelineResource(dg.ConfigurableResource):
     @contextlib.asynccontextmanager
     async def executor(self) -> AsyncIterator["ExecutorSession"]:
         """A fresh executor for one asyncio.run (asyncio primitives must not cross event loops)."""
-        from spogw_dagster.executors.factory import make_executor
 
         e = self.config().executor
         ex = make_executor(e.endpoints(), e.model, cache_path=self.cache_path(), use_cache=e.cache,
@@ -143,7 +140,6 @@ class ExecutorSession:
 
     def counters(self) -> dict[str, int]:
         ex = self.executor
-        from spogw_dagster.executors.attribution import FaultAttributingExecutor
 
         node = ex  # the attributing layer sits under the cache (CachingExecutor.inner)
         while node is not None and not isinstance(node, FaultAttributingExecutor):

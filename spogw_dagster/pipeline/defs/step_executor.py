@@ -30,6 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spogw_dagster.paths import cache_dir
+from spogw_dagster.sandboxing import backend_docker
+
 ENV_SWITCH = "SPOGW_STEP_EXECUTOR"  # in_process (default) | docker
 ENV_IMAGE = "SPOGW_STEP_IMAGE"  # another image (e.g. one built from docker/Dockerfile)
 ENV_MAX_CONCURRENT = "SPOGW_STEP_MAX_CONCURRENT"
@@ -57,7 +60,6 @@ def mode() -> str:
 def step_seccomp_profile() -> dict:
     """seccomp.py's deny list (Docker's JSON form, as backend_docker.seccomp_profile) minus BWRAP_NEEDS and the
     clone-with-namespace rules: what bwrap needs to build the sandbox, which then applies the full filter."""
-    from spogw_dagster.sandboxing import backend_docker
 
     prof = backend_docker.seccomp_profile()
     rules = []
@@ -73,7 +75,6 @@ def step_seccomp_profile() -> dict:
 def _ro_paths() -> list[str]:
     """Host paths each step needs read-only at the same path: /usr (+ real top-level dirs), the interpreter's
     prefix, the venv, the repository, the dynamic loader's cache, TLS certificates."""
-    from spogw_dagster.sandboxing import backend_docker
 
     paths = list(backend_docker.host_mounts())
     for p in (sys.prefix, str(REPO), "/etc/ld.so.cache", "/etc/ssl/certs"):
@@ -88,7 +89,6 @@ def _under(path: str, dirs: list[str]) -> bool:
 
 def step_executor_config(root: Path) -> dict[str, Any]:
     """The docker_executor's config for the assets directory `root` (see the module docstring)."""
-    from spogw_dagster.paths import cache_dir
     from spogw_dagster.pipeline.settings import load_config
 
     root = Path(root).resolve()

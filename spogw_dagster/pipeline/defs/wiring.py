@@ -17,16 +17,15 @@ from typing import Any, Mapping
 
 import dagster as dg
 
+from spogw_dagster.pipeline.data.storage import ASSET_NAMES, default_assets_dir
 from spogw_dagster.pipeline.defs.assets import build_assets
 from spogw_dagster.pipeline.defs.checks import ALL_CHECKS
+from spogw_dagster.pipeline.defs.io_manager import ParquetIOManager
+from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.defs.run_executors import locking_in_process_executor
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME, build_sensor
 from spogw_dagster.pipeline.defs.step_executor import step_executor
 from spogw_dagster.pipeline.settings import SpogwConfig, load_config
-from spogw_dagster.pipeline.defs.io_manager import ParquetIOManager
-from spogw_dagster.pipeline.defs.run_executors import locking_in_process_executor
-from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.defs.sensors import JOB_NAME, build_sensor
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, default_assets_dir
-
 
 COMPARISON_JOB = "objective_comparison_job"
 

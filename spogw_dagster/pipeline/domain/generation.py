@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from spogw_dagster.contracts import Problem
-
+from spogw_dagster.contracts import Problem, SamplingParams
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.workflow.template import GENERATOR_STOP, generator_prompt
 
 __all__ = ["generate_samples", "sample_prompts"]
 
@@ -18,7 +18,6 @@ __all__ = ["generate_samples", "sample_prompts"]
 def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem], *, n: int, temperature: float,
                      seed: int):
     """Sample `n` workflows per problem from base (+ adapter); returns (prompts, samples, tokens/s)."""
-    from spogw_dagster.workflow.template import generator_prompt
 
     style = pipeline.config().generator.prompt
     prompts = [generator_prompt(p.family, p.question, style) for p in problems]
@@ -29,8 +28,6 @@ def generate_samples(pipeline, adapter: Path | None, problems: Sequence[Problem]
 def sample_prompts(pipeline, adapter: Path | None, prompts: Sequence[str], *, n: int, temperature: float,
                    seed: int) -> tuple[list[list[tables.Sample]], float]:
     """`n` completions of each generator prompt from base (+ adapter); returns (samples, tokens/s)."""
-    from spogw_dagster.contracts import SamplingParams
-    from spogw_dagster.workflow.template import GENERATOR_STOP
 
     g = pipeline.config().generator
     sampler = pipeline.sampler(adapter, seed)

@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import polars as pl
 
 from spogw_dagster.contracts import Status
-
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.storage import AssetStore
 

@@ -27,14 +27,16 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from spogw_dagster.seeds import derive_seed
+from spogw_dagster.benchmarks.queries import split_problems
 from spogw_dagster.contracts import Problem
-from spogw_dagster.workflow.copies import copied_from
-
+from spogw_dagster.evaluation import baseline_workflow
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.storage import write_parquet_atomic
 from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.domain.generation import generate_samples
 from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
+from spogw_dagster.seeds import derive_seed
+from spogw_dagster.workflow.copies import copied_from
 
 CACHE_DIR = "report_cache"
 
@@ -42,7 +44,6 @@ CACHE_DIR = "report_cache"
 def heldout_problems(cfg) -> tuple[list, dict[str, Any]]:
     """The report's queries (test or validation split) and the record of the split; `DomainError` when the split
     cannot give them (too few queries, a missing data file)."""
-    from spogw_dagster.benchmarks.queries import split_problems
 
     rep, b = cfg.report, cfg.benchmark
     try:
@@ -104,7 +105,6 @@ def policy_jobs(pipeline, policy: Policy, problems: Sequence[Problem], cfg) -> P
 
 
 def baseline_jobs(method: str, problems: Sequence[Problem], cfg) -> Planned:
-    from spogw_dagster.evaluation import baseline_workflow
 
     code = baseline_workflow(problems[0].family, method)
     rep = cfg.report
@@ -121,7 +121,6 @@ def heldout_runs(cfg) -> int:
 
 def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     """Everything a baseline's rows depend on (not the generator, not the checkpoint)."""
-    from spogw_dagster.evaluation import baseline_workflow
 
     c = cfg.canonical()
     rep = c["report"]
@@ -147,7 +146,6 @@ def cached_baseline(root: Path, key: str, iteration: int) -> pl.DataFrame | None
 
 def store_baseline(root: Path, key: str, rows: pl.DataFrame) -> None:
     """Cache a baseline's rows unless an executor error makes them not the baseline's own result."""
-    from spogw_dagster.pipeline.data.storage import write_parquet_atomic
 
     if rows.height and rows.filter(pl.col("status") == "executor_error").height == 0:
         (root / CACHE_DIR).mkdir(parents=True, exist_ok=True)

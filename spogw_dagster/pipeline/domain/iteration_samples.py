@@ -12,11 +12,11 @@ from typing import Callable
 import polars as pl
 
 from spogw_dagster.core.methods.w4s import pick_state
-from spogw_dagster.seeds import derive_seed
-from spogw_dagster.workflow.template import refinement_prompt, repair_prompt
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.domain.generation import generate_samples, sample_prompts
 from spogw_dagster.pipeline.domain.refinement import accuracy, feedback_problems, feedback_text, run_feedback
+from spogw_dagster.seeds import derive_seed
+from spogw_dagster.workflow.template import refinement_prompt, repair_prompt
 
 __all__ = ["sample_iteration"]
 

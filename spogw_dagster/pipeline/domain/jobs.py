@@ -10,9 +10,12 @@ from typing import Any, Sequence
 
 import polars as pl
 
-from spogw_dagster.contracts import Problem
+from spogw_dagster.contracts import Problem, Status
+from spogw_dagster.evaluation import EvalResult, evaluate_workflow
 from spogw_dagster.pipeline.domain.errors import StaleInputError
 from spogw_dagster.pipeline.settings import SpogwConfig
+from spogw_dagster.workflow.operators import OperatorConfig
+from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
 
 __all__ = ["EvalJob", "evaluate_jobs", "jobs_for"]
 
@@ -32,10 +35,6 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
                         runs: int | None = None) -> list:
     """Execute and score every job with bounded concurrency, each the mean of `runs` executor runs (None:
     `execution.runs`); rejected jobs score 0 without running."""
-    from spogw_dagster.evaluation import EvalResult, evaluate_workflow
-    from spogw_dagster.contracts import Status
-    from spogw_dagster.workflow.operators import OperatorConfig
-    from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
 
     e = cfg.executor
     op_cfg = OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,

@@ -21,8 +21,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Sequence
 
-from spogw_dagster.contracts import Problem
-
+from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
+from spogw_dagster.benchmarks.queries import default_split_sizes
+from spogw_dagster.contracts import EXCLUDED_STATUSES, Problem
 from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 
 MAX_ERROR_CHARS = 160  # per run in the feedback: enough for the exception line, not a traceback
@@ -34,8 +35,6 @@ def feedback_problems(cfg) -> list[Problem]:
     names. From `train` (the default) they are queries the loop does not train on (the first `train_queries`
     are), so no validation query is spent; from `validation` they are left out of every validation score
     (`SpogwConfig.reserved_validation`). Either way disjoint from the training queries and the test split."""
-    from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
-    from spogw_dagster.benchmarks.queries import default_split_sizes
 
     b, r = cfg.benchmark, cfg.refinement
     splits = make_benchmark_splits(b.name, b.split_seed, *default_split_sizes(b.name, path=b.data_path),
@@ -65,7 +64,6 @@ class Run:
 def counted(runs: Sequence[Run]) -> list[Run]:
     """The runs that say something about the workflow: an executor error (our infrastructure failed) is
     neither a failure case nor a 0 in the accuracy, as everywhere else (`contracts.EXCLUDED_STATUSES`)."""
-    from spogw_dagster.contracts import EXCLUDED_STATUSES
 
     excluded = {s.value for s in EXCLUDED_STATUSES}
     return [r for r in runs if r.status not in excluded]

@@ -19,7 +19,25 @@ import sys
 from pathlib import Path
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
-from spogw_dagster.pipeline.data.storage import STORAGE_ERRNOS, storage_error_text, storage_trouble
+from spogw_dagster.benchmarks.queries import split_problems
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+from spogw_dagster.pipeline.data.storage import (
+    STORAGE_ERRNOS,
+    AssetStore,
+    default_assets_dir,
+    storage_error_text,
+    storage_trouble,
+    write_parquet_atomic,
+)
+from spogw_dagster.pipeline.runs.plan import (
+    Speeds,
+    format_plan,
+    format_w4s_plan,
+    measure_assets,
+    plan_from_config,
+    speeds_for_config,
+    w4s_plans_from_config,
+)
 
 COMMANDS = ("run", "check", "catalog", "evaluate", "compare", "plan", "gc")
 
@@ -212,10 +230,8 @@ def compare_command(args: argparse.Namespace) -> int:
     import polars as pl
 
     from spogw_dagster.pipeline.data import report_stats
-    from spogw_dagster.pipeline.settings import ConfigValidationError
-    from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir
-
     from spogw_dagster.pipeline.domain.headline import heldout_rows
+    from spogw_dagster.pipeline.settings import ConfigValidationError
 
     store = AssetStore(args.assets_dir or default_assets_dir())
     heldout = heldout_rows(store)
@@ -276,9 +292,8 @@ def _objective_comparison(args: argparse.Namespace) -> int:
 def _policy(path: str | None, kind: str):
     from pathlib import Path
 
-    from spogw_dagster.pipeline.settings import ConfigValidationError
     from spogw_dagster.pipeline.domain.heldout import Policy
-    from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+    from spogw_dagster.pipeline.settings import ConfigValidationError
 
     if path is None or path == "base":
         return Policy("base", kind)
@@ -294,13 +309,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
     import json as _json
     from pathlib import Path
 
-    from spogw_dagster.benchmarks.queries import split_problems
-
-    from spogw_dagster.pipeline.domain import heldout as ho
     from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.defs.resources import PipelineResource
+    from spogw_dagster.pipeline.domain import heldout as ho
     from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
-    from spogw_dagster.pipeline.data.storage import default_assets_dir, write_parquet_atomic
 
     report: dict = {}
     if args.samples is not None:
@@ -372,21 +384,10 @@ def add_plan_parser(sub) -> None:
 
 def plan_command(args: argparse.Namespace) -> int:
     import json
-
     from dataclasses import asdict
 
-    from spogw_dagster.pipeline.runs.plan import (
-        Speeds,
-        format_plan,
-        format_w4s_plan,
-        measure_assets,
-        plan_from_config,
-        speeds_for_config,
-        w4s_plans_from_config,
-    )
     from spogw_dagster.pipeline.runs.preflight import PLAN_CHECKS, PreflightError, preflight
     from spogw_dagster.pipeline.settings import ConfigValidationError
-    from spogw_dagster.pipeline.data.storage import default_assets_dir
 
     # the checks its counts rest on, with the same text `spogw check` and `spogw run` give; unset ${VAR}s are
     # placeholders here (no count depends on them)

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
 from spogw_dagster.sandboxing import images
 from spogw_dagster.sandboxing.engine import DockerUnavailableError, docker, last_line
 from spogw_dagster.sandboxing.images import ImageSpec, host_skeleton
-from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
 
 SKELETON_LABEL = "org.spogw.steps.skeleton"
 MODULE = "spogw_dagster.pipeline.runs.container_steps"  # what the step containers load (`defs`), even under -m

@@ -22,9 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+from spogw_dagster.pipeline.data.checkpoints import adapter_damage
 from spogw_dagster.pipeline.data.locks import assets_dir_lock
+from spogw_dagster.pipeline.data.storage import (
+    ASSET_NAMES,
+    AssetStore,
+    default_assets_dir,
+    sweep_temp_files,
+    write_parquet_atomic,
+)
 from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs, worker_tags
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore, default_assets_dir, sweep_temp_files
+from spogw_dagster.pipeline.domain.errors import StaleInputError
+from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
+from spogw_dagster.pipeline.profiles import HEADLINE_RUN as h
+from spogw_dagster.pipeline.runs.preflight import require
+from spogw_dagster.pipeline.settings import ConfigValidationError
 
 INSTANCE_YAML = """\
 # Written by `spogw run`: the persistent Dagster instance of this assets directory.
@@ -117,7 +129,6 @@ def run_loop(
     default; container_steps.ContainerSteps runs every step in its own container)."""
     import dagster as dg
 
-    from spogw_dagster.pipeline.runs.preflight import require
 
     # sys.stdout at call time, not at import: a default bound at import writes past whatever replaced it since
     out = out or sys.stdout
@@ -235,7 +246,6 @@ def damaged_assets(store: AssetStore, key: str) -> list[str]:
     """The assets of iteration `key` whose partition is missing or unreadable, or stale in a way no config hash
     shows: sampled_workflows sampled from another adapter than the one now at k-1, lora_checkpoint's adapter
     folder not the one its row records."""
-    from spogw_dagster.pipeline.data.checkpoints import adapter_damage
 
     return [a for a in ASSET_NAMES if not store.readable(a, key)
             or (a == "sampled_workflows" and not _sampled_from_current_parent(store, key))
@@ -246,8 +256,6 @@ def _sampled_from_current_parent(store: AssetStore, key: str) -> bool:
     import dagster as dg
 
     from spogw_dagster.pipeline.defs.assets.common import parent_or_fail
-    from spogw_dagster.pipeline.domain.errors import StaleInputError
-    from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
     try:
         check_sampled_from_parent(key, parent_or_fail(store, key), store.read_parquet("sampled_workflows", key))
@@ -344,8 +352,8 @@ def summary_table(store: AssetStore, iterations: int) -> str:
     and the checkpoint's paired difference to π_{k-1}."""
     import polars as pl
 
-    from spogw_dagster.pipeline.defs.partitions import iteration_key
     from spogw_dagster.pipeline.data.report_stats import curve_table_text
+    from spogw_dagster.pipeline.defs.partitions import iteration_key
 
     rows = []
     for k in range(iterations):
@@ -371,7 +379,6 @@ def summary_table(store: AssetStore, iterations: int) -> str:
 
 def headline_pointer(profile: str) -> str:
     """Under any profile but the headline's, where the headline run is and what it costs."""
-    from spogw_dagster.pipeline.profiles import HEADLINE_RUN as h
 
     if profile == h["profile"]:
         return ""
@@ -385,7 +392,6 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
     checkpoint's answer score against the base and the best baseline per seed and across seeds
     (`<assets>/seeds_summary.parquet`)."""
     from spogw_dagster.pipeline.domain.headline import headline, seed_overrides, seed_table, seed_table_text
-    from spogw_dagster.pipeline.data.storage import write_parquet_atomic
 
     out = out or sys.stdout
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
@@ -417,8 +423,6 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     import dagster as dg
 
     from spogw_dagster.pipeline.defs.partitions import iteration_key
-    from spogw_dagster.pipeline.runs.preflight import require
-    from spogw_dagster.pipeline.settings import ConfigValidationError
 
     out = out or sys.stdout
     over = {k: v for k, v in (("objectives", objectives), ("split", split)) if v}
@@ -434,9 +438,8 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
 
 
 def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
-    from spogw_dagster.pipeline.defs.wiring import COMPARISON_JOB, build_definitions
-
     from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+    from spogw_dagster.pipeline.defs.wiring import COMPARISON_JOB, build_definitions
 
     own = instance is None
     if own:

@@ -27,6 +27,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spogw_dagster import bundled_models as bm
+from spogw_dagster.core.methods.catalog import METHODS
+from spogw_dagster.models import DEFAULT_MODEL
+
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "W4SPlan", "w4s_plan", "w4s_plans_from_config",
            "format_w4s_plan"]
@@ -72,8 +76,6 @@ def speeds_for_config(cfg: Any, gpu: bool | None = None, placeholders: frozenset
     `auto` where this machine has no GPU) and the embedded executor on a bundled model. Anything else (a GPU,
     a model folder, an endpoint, a field whose ${VAR} is unset) is None with the reason: the plan then gives
     counts, not a time."""
-    from spogw_dagster import bundled_models as bm
-    from spogw_dagster.models import DEFAULT_MODEL
 
     g, e = cfg.generator, cfg.executor
     if gpu is None and g.backend == "auto":
@@ -292,7 +294,6 @@ def w4s_plans_from_config(cfg: Any, p: IterationPlan) -> list[W4SPlan]:
     """W4S's turns this config runs: the loop's own (`refinement.turns` > 1) and the comparison's `w4s`
     (its settings `comparison.w4s_turns`, `w4s_feedback_queries`; 5 candidates a turn), priced with the
     per-sample and per-call figures of `p` (measured where it had them)."""
-    from spogw_dagster.core.methods.catalog import METHODS
 
     common = dict(d=cfg.benchmark.train_queries, repairs=cfg.refinement.repairs, runs=cfg.execution.runs,
                   tokens_per_sample=p.tokens_per_sample, calls_per_workflow=p.calls_per_workflow,

@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from spogw_dagster.pipeline.settings import ConfigValidationError
+from spogw_dagster import bundled_models as bm
+from spogw_dagster.benchmarks import BenchmarkDataError
+from spogw_dagster.benchmarks.queries import default_split_sizes
+from spogw_dagster.pipeline.settings import ConfigValidationError, deep_merge, load_config
+from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation
 
 ALL_CHECKS = ("config", "benchmark", "generator", "executor", "sandbox", "assets")
 PLAN_CHECKS = ("config", "benchmark")  # what a plan's counts rest on; unset ${VAR}s get placeholders there
@@ -122,7 +126,6 @@ def load_with_placeholders(profile: str | None, config_file: str | None,
     """`load_config`, except that a field naming an unset environment variable (the `paper` profile's
     ${SPOGW_GENERATOR_MODEL}, ${SPOGW_EXECUTOR_URL}, ...) gets a placeholder: none of them changes a count.
     Returns (config, the placeholders)."""
-    from spogw_dagster.pipeline.settings import deep_merge, load_config
 
     over: dict[str, Any] = dict(overrides or {})
     stand_ins: list[Placeholder] = []
@@ -149,7 +152,6 @@ def load_with_placeholders(profile: str | None, config_file: str | None,
 
 def split_problems(cfg) -> list[Finding]:
     """Counts against the split sizes (pure arithmetic once the sizes are read); empty when they fit."""
-    from spogw_dagster.benchmarks.queries import default_split_sizes
 
     b = cfg.benchmark
     n_train, n_val, n_test = default_split_sizes(b.name, path=b.data_path)
@@ -175,7 +177,6 @@ def split_problems(cfg) -> list[Finding]:
 
 
 def _benchmark(cfg, **_) -> list[Finding]:
-    from spogw_dagster.benchmarks import BenchmarkDataError
 
     from spogw_dagster.pipeline.defs.resources import check_benchmark_data
 
@@ -212,7 +213,6 @@ def _generator(cfg, *, placeholders, **_) -> list[Finding]:
 
 def _model_file(check: str, spec: str, *, hf_folder_ok: bool) -> Finding:
     """A bundled alias whose data packages are installed, a .gguf file, or (generator) a Hugging Face folder."""
-    from spogw_dagster import bundled_models as bm
 
     m = bm.find(spec)
     if m is not None:
@@ -288,7 +288,6 @@ def _endpoint(url: str, model: str | None, api_key_env: str | None, timeout_s: f
 
 
 def _sandbox(cfg, **_) -> list[Finding]:
-    from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation
 
     e = cfg.execution
     try:

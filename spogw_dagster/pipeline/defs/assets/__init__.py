@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dagster as dg
 
-from spogw_dagster.pipeline.settings import SpogwConfig
-from spogw_dagster.pipeline.defs.versions import code_version
 from spogw_dagster.pipeline.defs.assets import (
     benchmark_report,
     execution_scores,
@@ -32,6 +30,8 @@ from spogw_dagster.pipeline.defs.assets import (
     screened_groups,
     sharpened_groups,
 )
+from spogw_dagster.pipeline.defs.versions import code_version
+from spogw_dagster.pipeline.settings import SpogwConfig
 
 #: In dependency order; the loop's job runs the first six, objective_comparison is materialized on demand.
 ASSET_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint,

@@ -10,15 +10,20 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
-from spogw_dagster.pipeline.domain import heldout as ho
-from spogw_dagster.pipeline.data import report_stats
+from spogw_dagster.pipeline.data import heldout_results, report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, weights_mismatch
 from spogw_dagster.pipeline.defs import failures
+from spogw_dagster.pipeline.defs.assets.common import (
+    common_metadata,
+    executor_runtime_metadata,
+    parent_or_fail,
+    say,
+    versioned,
+)
+from spogw_dagster.pipeline.defs.assets.report_metadata import report_metadata
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.data import heldout_results
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, parent_or_fail, say, versioned
-from spogw_dagster.pipeline.defs.assets.report_metadata import report_metadata
+from spogw_dagster.pipeline.domain import heldout as ho
 
 NAME = "benchmark_report"
 GROUP = "evaluation"

@@ -4,10 +4,10 @@ version of an asset's frame (`frame_data_version`, which `build_assets` attaches
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import functools
+import hashlib
 import inspect
+import logging
 import time
 import warnings
 from typing import Any, Callable
@@ -15,9 +15,9 @@ from typing import Any, Callable
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
 from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
 from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
 
 # Progress lines for terminals (`spogw run` prints this logger); the same text goes to the Dagster event log.
 PROGRESS = logging.getLogger("spogw.progress")

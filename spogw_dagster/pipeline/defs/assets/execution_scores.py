@@ -13,14 +13,20 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from spogw_dagster.pipeline.data import report_stats, tables
 from spogw_dagster.pipeline.defs import failures
-from spogw_dagster.pipeline.data import report_stats
-from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.defs.assets.common import (
+    common_metadata,
+    executor_runtime_metadata,
+    md_table,
+    say,
+    versioned,
+)
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
+from spogw_dagster.pipeline.defs.plots import score_histogram
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.outage import executed_rows
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, executor_runtime_metadata, md_table, say, versioned
 
 NAME = "execution_scores"
 GROUP = "execution"
@@ -67,7 +73,6 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
-    from spogw_dagster.pipeline.defs.plots import score_histogram
 
     statuses = dict(Counter(df["status"].to_list()))
     by_status = {s: df.filter(pl.col("status") == s)["score"].to_list() for s in statuses}

@@ -14,15 +14,16 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data import training_inputs
-from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+from spogw_dagster.core.training.launch import fit_adapter
+from spogw_dagster.pipeline.data import tables, training_inputs
+from spogw_dagster.pipeline.data.catalog import refresh_catalog
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, carry_forward
+from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.defs import failures
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 
 NAME = "lora_checkpoint"
 GROUP = "training"
@@ -62,7 +63,6 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
 
 def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
     """The training_rows side table of partition `key` (replaced on a rerun), then the DuckDB catalog."""
-    from spogw_dagster.pipeline.data.catalog import refresh_catalog
 
     store.write_parquet(TRAINING_ROWS, key, rows)
     refresh_catalog(store)
@@ -79,9 +79,7 @@ def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
 
 def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
     """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
-    from spogw_dagster.core.training.launch import fit_adapter
 
-    from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
     tcfg = cfg.train_config()
     if not examples:

@@ -21,25 +21,28 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.core import curation
+from spogw_dagster.adapter_files import ADAPTER_WEIGHTS, STATS_FILE
+from spogw_dagster.contracts import Status
+from spogw_dagster.core import curation, stats
 from spogw_dagster.core.methods.catalog import method_overrides, own_data
-
-from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
-from spogw_dagster.pipeline.domain import heldout as ho
-from spogw_dagster.pipeline.data import report_stats
-from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.data import training_inputs
-from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
-from spogw_dagster.pipeline.defs import failures
-from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
-from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
+from spogw_dagster.core.training import config_identity, data_hash
+from spogw_dagster.core.training.launch import fit_adapter
+from spogw_dagster.fsutil import replace_dir
+from spogw_dagster.pipeline.data import report_stats, tables, training_inputs
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, carry_forward
 from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs import failures, versions
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
+from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
+from spogw_dagster.pipeline.defs.plots import method_bars
+from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.domain.outage import executed_rows
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
+from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
+from spogw_dagster.seeds import derive_seed
 
 NAME = "objective_comparison"
 GROUP = "evaluation"
@@ -157,10 +160,7 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
            checkpoint: dict[str, Any]) -> MethodRun:
-    from spogw_dagster.core.training.launch import fit_adapter
-    from spogw_dagster.core.training import data_hash
 
-    from spogw_dagster.pipeline.data.checkpoints import carry_forward
 
     mcfg = method_config(cfg, name)
     tcfg = mcfg.train_config()
@@ -196,7 +196,6 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     adapter, training queries and seeds as the loop's sampled_workflows and execution_scores."""
     import asyncio
 
-    from spogw_dagster.seeds import derive_seed
 
     mpipe = PipelineResource(assets_dir=pipeline.assets_dir, config_json=json.dumps(mcfg.canonical(), default=str))
     g = mcfg.generator
@@ -236,7 +235,6 @@ def own_data_dir(store: AssetStore, key: str, name: str) -> Path:
 def own_data_fingerprint(mcfg: SpogwConfig, parent, k: int) -> str:
     """What the candidates depend on: the method's whole config (generator, executor, seeds, queries, turns),
     the parent adapter, the iteration, and the code that samples and scores them (a fix there makes them again)."""
-    from spogw_dagster.pipeline.defs import versions
 
     code = {a: versions.source_hash(a)[:16] for a in ("sampled_workflows", "execution_scores")}
     return json.dumps({"config_hash": mcfg.hash, "parent_sha256": parent.sha256 if parent else None,
@@ -258,7 +256,6 @@ def store_own_data(folder: Path, fingerprint: str, sampled: pl.DataFrame, scores
     """Written whole or not at all: built in a temp folder, then swapped in."""
     import uuid
 
-    from spogw_dagster.fsutil import replace_dir
 
     tmp = folder.parent / f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -277,8 +274,6 @@ def store_own_data(folder: Path, fingerprint: str, sampled: pl.DataFrame, scores
 def _trained_the_same(adapter: Path, tcfg, examples_sha256: str) -> bool:
     """Whether the adapter's training record shows this config and these examples (the parent is checkpoint
     k-1 for both, by lineage)."""
-    from spogw_dagster.adapter_files import STATS_FILE
-    from spogw_dagster.core.training import config_identity
 
     try:
         stats = json.loads((adapter / STATS_FILE).read_text())
@@ -356,8 +351,6 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
     significant). Diagnostics (every other metric) get an unadjusted p-value at `resamples` and no Holm
     columns. A member is significant under Holm when p_holm < α. `heldout`: the held-out rows with the
     reference labelled kind "previous"."""
-    from spogw_dagster.contracts import Status
-    from spogw_dagster.core import stats
 
     scored = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
     cols = {**report_stats.RATE_METRICS, **report_stats.MEAN_METRICS}
@@ -388,7 +381,6 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
 
 
 def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
-    from spogw_dagster.pipeline.defs.plots import method_bars
 
     main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
     fam = table["family_size"].max() if "family_size" in table.columns else None

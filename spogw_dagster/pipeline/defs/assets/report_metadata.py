@@ -10,6 +10,7 @@ import polars as pl
 
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.plots import learning_curve_plot
 
 HEADLINE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate")
 
@@ -45,7 +46,6 @@ def headline_metadata(report: pl.DataFrame) -> dict[str, Any]:
 
 def learning_curve_metadata(store: AssetStore, key: str, report: pl.DataFrame, split: str) -> dict[str, Any]:
     """The curve over all materialized iterations: stored reports of other partitions plus this one."""
-    from spogw_dagster.pipeline.defs.plots import learning_curve_plot
 
     others = [store.read_parquet("benchmark_report", p) for p in store.partitions("benchmark_report") if p != key]
     # reports written before the long format, or on another split, are not on this curve

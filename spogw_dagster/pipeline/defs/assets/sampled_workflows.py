@@ -10,11 +10,12 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.seeds import derive_seed
+from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
-from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say, versioned
+from spogw_dagster.seeds import derive_seed
+from spogw_dagster.workflow.copies import copied_from, distinct_count
 
 NAME = "sampled_workflows"
 GROUP = "sampling"
@@ -65,7 +66,6 @@ def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int, fam
 
 
 def _copies(df: pl.DataFrame, family: str) -> dict[str, Any]:
-    from spogw_dagster.workflow.copies import copied_from, distinct_count
 
     valid = df.filter(pl.col("parse_status") == "ok")
     if valid.height == 0:

@@ -7,11 +7,10 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.core import curation
-
 from spogw_dagster.pipeline.data import tables
-from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.defs.partitions import iterations
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, ints, md_table, say, versioned
+from spogw_dagster.pipeline.defs.partitions import iterations
+from spogw_dagster.pipeline.defs.resources import PipelineResource
 
 NAME = "screened_groups"
 GROUP = "curation"
