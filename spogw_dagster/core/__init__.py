@@ -5,8 +5,7 @@ Names are re-exported lazily so that `import spogw_dagster.core.curation` does n
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from spogw_dagster.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "ConfigError": "hyperparams",
@@ -23,10 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())

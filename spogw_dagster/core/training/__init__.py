@@ -20,8 +20,7 @@ Names are re-exported lazily so that importing the package (for `TrainConfig`) d
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from spogw_dagster.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "TrainConfig": "config",
@@ -39,10 +38,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
