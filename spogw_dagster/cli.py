@@ -39,7 +39,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-
     ap = argparse.ArgumentParser(prog="spogw", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("exec-workflow", help="execute one workflow on one query and score it")
@@ -82,7 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sandbox_build_image(args) -> int:
-
     try:
         print(build_image(SANDBOX_IMAGE, force=args.force))
     except DockerUnavailableError as e:
@@ -91,7 +89,6 @@ def _sandbox_build_image(args) -> int:
 
 
 def _models(args) -> int:
-
     cmd = args.models_cmd or "list"
     try:
         if cmd in ("assemble", "install"):
@@ -145,7 +142,6 @@ def _sandbox_and_executor(args):
 
 
 async def _exec_workflow(args) -> int:
-
     problem = get_problem(args.benchmark, args.query, path=args.data_path)
     text = Path(args.workflow).read_text()
     iso, executor = _sandbox_and_executor(args)
@@ -166,7 +162,6 @@ async def _exec_workflow(args) -> int:
 
 
 async def _baseline(args) -> int:
-
     if args.split == "test":
         problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     else:

@@ -348,7 +348,6 @@ class EmbeddedExecutor:
 
     def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, workers: int | None = None,
                  threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None):
-
         path = Path(gguf_path) if gguf_path else bundled_gguf("smollm2")
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")

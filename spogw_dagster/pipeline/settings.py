@@ -85,7 +85,6 @@ class BenchmarkSection(_Section):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-
         try:
             return get_spec(v).name
         except ValueError as e:
@@ -116,7 +115,6 @@ class GeneratorSection(_Section):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, v: str) -> str:
-
         if v.lower() in ALIASES:
             return v.lower()
         p = Path(v).expanduser()
@@ -433,7 +431,6 @@ class SpogwConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
-
         try:
             self.curation.core()
         except ConfigError as e:

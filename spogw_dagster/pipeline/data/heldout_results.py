@@ -15,7 +15,6 @@ TABLE = "heldout_results"
 
 
 def write(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
-
     store.write_parquet(TABLE, key, rows)
     refresh_catalog(store)
     return store.parquet_path(TABLE, key)

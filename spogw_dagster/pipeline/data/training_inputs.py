@@ -90,7 +90,6 @@ def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataF
 
 
 def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advantage: float = 0.0):
-
     return TrainExample(prompt=r["prompt"], completion=r["completion"], advantage=advantage,
                         score=float(r["score"]), old_logprobs=list(r["logprobs"]),
                         completion_token_ids=list(r["completion_token_ids"]), group_id=group_id, role=role)

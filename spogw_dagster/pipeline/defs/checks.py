@@ -82,7 +82,6 @@ def scores_complete(execution_scores: pl.DataFrame, sampled: pl.DataFrame) -> dg
                                            "never call the executor) stays under "
                                            "execution.max_executor_error_rate.")
 def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-
     limit = pipeline.config().execution.max_executor_error_rate
     errors, executed, rate = executed_error_share(execution_scores)
     return dg.AssetCheckResult(passed=errors == 0 or rate <= limit,
@@ -121,7 +120,6 @@ def groups_kept(screened_groups: pl.DataFrame) -> dg.AssetCheckResult:
 @_ck(asset="lora_checkpoint", blocking=True,
      description="Training losses are finite and the saved adapter reloads with peft (hash unchanged).")
 def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-
     row = lora_checkpoint.row(0, named=True)
     losses = list(row["loss_curve"] or [])
     finite = all(math.isfinite(x) for x in losses)

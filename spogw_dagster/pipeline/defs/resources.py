@@ -38,7 +38,6 @@ def _parse(config_json: str) -> SpogwConfig:
 
 @lru_cache(maxsize=16)
 def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: int) -> tuple[tuple[Problem, ...], tuple[Problem, ...]]:
-
     n_train, n_val, n_test = default_split_sizes(benchmark, path=data_path)
     if d > n_train:
         raise ValueError(f"benchmark.train_queries={d} but the train split of {benchmark} has {n_train} queries")
@@ -98,7 +97,6 @@ class PipelineResource(dg.ConfigurableResource):
         return list(_queries(b.name, b.data_path, b.split_seed, b.train_queries, b.heldout_queries)[1])
 
     def isolation(self):
-
         e = self.config().execution
         return detect_isolation(e.isolation, e.allow_unsandboxed)
 
@@ -107,7 +105,6 @@ class PipelineResource(dg.ConfigurableResource):
         return p if p.is_absolute() else Path(self.assets_dir) / p
 
     def sampler(self, adapter_path: str | Path | None, seed: int):
-
         g = self.config().generator
         return make_sampler(g.backend, model_spec=g.model, adapter_path=str(adapter_path) if adapter_path else None,
                             batch_size=g.batch_size, seed=seed, dtype=g.dtype)

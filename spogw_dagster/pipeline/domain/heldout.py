@@ -105,7 +105,6 @@ def policy_jobs(pipeline, policy: Policy, problems: Sequence[Problem], cfg) -> P
 
 
 def baseline_jobs(method: str, problems: Sequence[Problem], cfg) -> Planned:
-
     code = baseline_workflow(problems[0].family, method)
     rep = cfg.report
     plan = ([("greedy", 0)] if rep.greedy else []) + [("sampled", j) for j in range(rep.baseline_samples)]

@@ -177,7 +177,6 @@ def split_problems(cfg) -> list[Finding]:
 
 
 def _benchmark(cfg, **_) -> list[Finding]:
-
     from spogw_dagster.pipeline.defs.resources import check_benchmark_data
 
     b = cfg.benchmark
@@ -288,7 +287,6 @@ def _endpoint(url: str, model: str | None, api_key_env: str | None, timeout_s: f
 
 
 def _sandbox(cfg, **_) -> list[Finding]:
-
     e = cfg.execution
     try:
         iso = detect_isolation(e.isolation, e.allow_unsandboxed)

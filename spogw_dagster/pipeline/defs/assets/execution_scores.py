@@ -73,7 +73,6 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
-
     statuses = dict(Counter(df["status"].to_list()))
     by_status = {s: df.filter(pl.col("status") == s)["score"].to_list() for s in statuses}
     return {

@@ -160,8 +160,6 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
            checkpoint: dict[str, Any]) -> MethodRun:
-
-
     mcfg = method_config(cfg, name)
     tcfg = mcfg.train_config()
     examples, _ = method_examples(mcfg, cfg, *frames, key_to_int(key))
@@ -381,7 +379,6 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
 
 
 def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
-
     main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
     fam = table["family_size"].max() if "family_size" in table.columns else None
     big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else None

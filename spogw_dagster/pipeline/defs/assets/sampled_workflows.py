@@ -66,7 +66,6 @@ def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int, fam
 
 
 def _copies(df: pl.DataFrame, family: str) -> dict[str, Any]:
-
     valid = df.filter(pl.col("parse_status") == "ok")
     if valid.height == 0:
         return {"near_copy_rate": dg.MetadataValue.float(0.0), "distinct_per_query": dg.MetadataValue.float(0.0)}
