@@ -41,10 +41,11 @@ def test_each_method_changes_only_its_fields():
         (0.2, 0.95, 0.0, 3)
     assert own_data("score_dpo") and not own_data("rwr") and not own_data("score_dpo_ours")
     assert w4s.generator == cfg.generator and w4s.execution == cfg.execution
-    # W4S as a whole: 2 turns of 5 candidates at T = 0.5 with up to 3 repairs, then rwr at W4S's settings
+    # W4S as a whole: its paper's 10 turns of 5 candidates at T = 0.5 with up to 3 repairs, each run on 33
+    # feedback queries (comparison.w4s_turns / w4s_feedback_queries), then rwr at W4S's settings
     whole = method_config(cfg, "w4s")
-    assert (whole.refinement.turns, whole.refinement.repairs, whole.curation.m, whole.generator.temperature) == \
-        (2, 3, 5, 0.5)
+    assert (whole.refinement.turns, whole.refinement.feedback_queries, whole.refinement.repairs, whole.curation.m,
+            whole.generator.temperature) == (10, 33, 3, 5, 0.5)
     assert (whole.training.objective, whole.training.learning_rate, whole.training.epochs) == ("rwr", 2e-5, 3)
     assert own_data("w4s") and whole.training.rwr_reward == "w4s"
     assert method_config(cfg, "spogw_no_screening").curation.tau_std == 0.0

@@ -63,3 +63,13 @@ def test_an_installed_wheel_covers_the_sandbox_scripts_too(tmp_path):
     pkg_file, sandbox, labels = out.stdout.splitlines()
     assert pkg_file.startswith(str(tmp_path / "site")) and sandbox == str(tmp_path / "site" / "spogw_sandbox")
     assert {"sandbox/runner.py", "sandbox/solution_host.py", "sandbox/test_host.py"} <= set(labels.split())
+
+
+def test_every_package_of_the_source_tree_is_in_the_wheel():
+    """pyproject lists its packages by hand: a new subpackage left out installs as an editable checkout but
+    not as a wheel (core.training was, once)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"

@@ -77,6 +77,12 @@ def _imported_names(path: Path) -> tuple[str, ...]:
             if node.level:
                 base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
             names += [base] + [f"{base}.{a.name}" for a in node.names]
+    if path.name == "__init__.py":  # a package's lazy re-exports (`lazy_exports.py`) are imports too
+        here = ".".join(rel.parts[:-1])
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and any(isinstance(x, ast.Name) and x.id == "_EXPORTS" for x in node.targets)
+                    and isinstance(node.value, ast.Dict)):
+                names += [f"{here}.{v.value}" for v in node.value.values if isinstance(v, ast.Constant)]
     return tuple(names)
 
 
