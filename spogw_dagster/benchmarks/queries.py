@@ -9,9 +9,10 @@ from typing import Any
 from spogw_dagster.contracts import Problem
 
 from .registry import get_spec, load_benchmark
-from .splits import ids_sha256, load_split_problems, make_benchmark_splits
+from .splits import Splits, ids_sha256, load_split_problems, make_benchmark_splits
 
-__all__ = ["get_problem", "default_split_sizes", "held_out_problems", "split_problems", "REPORT_SPLITS"]
+__all__ = ["get_problem", "default_split_sizes", "default_splits", "held_out_problems", "split_problems",
+           "REPORT_SPLITS"]
 
 
 def get_problem(benchmark: str, query_id: str, *, path: str | None = None) -> Problem:
@@ -38,11 +39,15 @@ def default_split_sizes(benchmark: str, *, path: str | None = None) -> tuple[int
     return n_train, n_val, total - n_train - n_val
 
 
+def default_splits(benchmark: str, *, seed: int = 0, path: str | None = None) -> Splits:
+    """The benchmark's train / val / test splits at `default_split_sizes` (deterministic for a seed): the one
+    split every command and asset draws its queries from."""
+    return make_benchmark_splits(benchmark, seed, *default_split_sizes(benchmark, path=path), path=path)
+
+
 def held_out_problems(benchmark: str, *, limit: int | None = None, seed: int = 0, path: str | None = None) -> list[Problem]:
     """The first `limit` queries of the benchmark's test split (deterministic for a seed)."""
-    n_train, n_val, n_test = default_split_sizes(benchmark, path=path)
-    splits = make_benchmark_splits(benchmark, seed, n_train, n_val, n_test, path=path)
-    problems = load_split_problems(splits, "test", path=path)
+    problems = load_split_problems(default_splits(benchmark, seed=seed, path=path), "test", path=path)
     if limit is not None:
         if limit < 1:
             raise ValueError("--limit must be >= 1")
@@ -62,8 +67,7 @@ def split_problems(benchmark: str, split: str, *, limit: int | None = None, seed
     Settings are chosen on `validation`; `test` is held out (the report's default)."""
     if split not in REPORT_SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {sorted(REPORT_SPLITS)}")
-    n_train, n_val, n_test = default_split_sizes(benchmark, path=path)
-    splits = make_benchmark_splits(benchmark, seed, n_train, n_val, n_test, path=path)
+    splits = default_splits(benchmark, seed=seed, path=path)
     problems = load_split_problems(splits, REPORT_SPLITS[split], path=path)
     if reserve:
         problems = problems[:max(0, len(problems) - reserve)]

@@ -9,8 +9,9 @@ fields changed, so every method sees the same iteration's data, seeds and parent
     rwr                 W4S: each candidate that ran with answer > 0.05, once, weight exp(r / 0.4) (history-relative r),
                         log-probs at T = 1, at W4S's settings (lr 2e-5 from its train.py; 3 epochs and batch 8:
                         Hugging Face Trainer's defaults, which its train.py does not change)
-    w4s                 W4S as a whole: its own data of the iteration from 2 turns of 5 candidates (T = 0.5,
-                        self-check repairs, the best advancing the state), then rwr at W4S's settings
+    w4s                 W4S as a whole: its own data of the iteration from W4S_TURNS turns of 5 candidates
+                        (T = 0.5, self-check repairs, each run on W4S_FEEDBACK_QUERIES feedback queries, the best
+                        advancing the state), then rwr at W4S's settings
     score_dpo_ours,     the same data paths and losses at the loop's own training settings (learning rate,
     rwr_ours            epochs, batch), to tell the data path's effect from the settings'
 
@@ -57,12 +58,11 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
                   "generator": {"temperature": 0.2, "top_p": 0.95},
                   "executor": {"temperature": 0.0}, "execution": {"runs": 3}},
     "rwr": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}},
-    # W4S as a whole: its turns (W4S_TURNS, each 5 candidates at T = 0.5 with up to 3 self-check repairs, run on
-    # W4S_FEEDBACK_QUERIES feedback queries) sampled for the comparison from the same parent, then RWR on all
-    # turns' candidates; turns and feedback queries come from `method_overrides`' arguments (the settings)
+    # W4S as a whole: its turns (5 candidates each at T = 0.5, up to 3 self-check repairs) sampled for the
+    # comparison from the same parent, then RWR on all turns' candidates; the number of turns and of feedback
+    # queries is added by `method_overrides` (the settings; W4S_TURNS and W4S_FEEDBACK_QUERIES by default)
     "w4s": {"training": {"objective": "rwr", **PAPER_SETTINGS["rwr"]}, "generator": {"temperature": 0.5},
-            "curation": {"m": 5}, "refinement": {"turns": W4S_TURNS, "repairs": 3,
-                                                  "feedback_queries": W4S_FEEDBACK_QUERIES}},
+            "curation": {"m": 5}, "refinement": {"repairs": 3}},
     "score_dpo_ours": {"training": {"objective": "score_dpo"}},
     "rwr_ours": {"training": {"objective": "rwr"}},
     **{f"spogw_beta{k}": {"training": {"objective": "spogw", "beta": v}} for k, v in _BETAS.items()},

@@ -69,7 +69,8 @@ def _imported_names(path: Path) -> tuple[str, ...]:
     rel = path.relative_to(_ROOT).with_suffix("")
     package = list(rel.parts[:-1])
     names: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -79,7 +80,7 @@ def _imported_names(path: Path) -> tuple[str, ...]:
             names += [base] + [f"{base}.{a.name}" for a in node.names]
     if path.name == "__init__.py":  # a package's lazy re-exports (`lazy_exports.py`) are imports too
         here = ".".join(rel.parts[:-1])
-        for node in ast.parse(path.read_text()).body:
+        for node in tree.body:
             if (isinstance(node, ast.Assign) and any(isinstance(x, ast.Name) and x.id == "_EXPORTS" for x in node.targets)
                     and isinstance(node.value, ast.Dict)):
                 names += [f"{here}.{v.value}" for v in node.value.values if isinstance(v, ast.Constant)]

@@ -21,8 +21,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Sequence
 
-from spogw_dagster.benchmarks import load_split_problems, make_benchmark_splits
-from spogw_dagster.benchmarks.queries import default_split_sizes
+from spogw_dagster.benchmarks import load_split_problems
+from spogw_dagster.benchmarks.queries import default_splits
 from spogw_dagster.contracts import EXCLUDED_STATUSES, Problem
 from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
 
@@ -37,8 +37,7 @@ def feedback_problems(cfg) -> list[Problem]:
     (`SpogwConfig.reserved_validation`). Either way disjoint from the training queries and the test split."""
 
     b, r = cfg.benchmark, cfg.refinement
-    splits = make_benchmark_splits(b.name, b.split_seed, *default_split_sizes(b.name, path=b.data_path),
-                                   path=b.data_path)
+    splits = default_splits(b.name, seed=b.split_seed, path=b.data_path)
     problems = load_split_problems(splits, {"train": "train", "validation": "val"}[r.feedback_split], path=b.data_path)
     used = b.train_queries if r.feedback_split == "train" else 0
     if used + r.feedback_queries > len(problems):
