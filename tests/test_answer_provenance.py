@@ -169,9 +169,9 @@ HONEST = {
         "a = await self.code_generate(instruction='Write the function.')\n"
         "b = await self.code_generate(instruction='Write simple code.')\n"
         "return await self.sc_ensemble(solutions=[a, b])", True),
-    "a placeholder that test repairs": (
-        "return await self.test(solution='def has_close_elements(numbers, threshold):' + '\\n' + '    pass')",
-        False),
+    "a wrong executor draft that test repairs": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        "return await self.test(solution=x)", False),
 }
 
 
@@ -184,6 +184,33 @@ async def test_an_executor_written_answer_keeps_its_credit(name, he0):
     assert r.status.value == "ok", r.error
     assert (r.answer_origin, r.score) == ("executor", 1.0), (name, r.run_shares, r.detail)
     assert r.executor_share >= 0.9
+
+
+class CountingCoder(FakeCoder):
+    def __init__(self):
+        super().__init__(correct=False)
+        self.repairs = 0
+
+    async def chat(self, messages, params):
+        self.repairs += "fails a test" in messages[-1]["content"]
+        return await super().chat(messages, params)
+
+
+@pytest.mark.parametrize("solution", [
+    "'def has_close_elements(numbers, threshold):' + '\\n' + '    pass'",  # a placeholder
+    "'Write the function.'",  # what trained policies wrote (runs C and D of the answers profile)
+])
+async def test_test_does_not_repair_what_the_workflow_wrote(solution, he0):
+    # a repair of workflow text would be a generation hidden in `test`: handed back as it is, no executor call,
+    # so the answer stays the workflow's (0) even after a real call whose draft the workflow dropped
+    code = wf("x = await self.code_generate(instruction='Write the function.')\n"
+              f"return await self.test(solution={solution})")
+    validate(code, "code")
+    coder = CountingCoder()
+    r = await evaluate_workflow(code, he0, coder, detect_isolation())
+    assert r.status.value == "ok", r.error
+    assert coder.repairs == 0
+    assert r.score == 0.0 and r.answer_origin in ("workflow", "none")
 
 
 async def test_the_wrong_executor_answer_scores_zero_as_the_executor_s(he0):

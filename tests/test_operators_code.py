@@ -1,5 +1,6 @@
 """The code operators' choices, on HumanEval/0 in the real sandbox with a scripted executor: `sc_ensemble` votes
-among the candidates that pass the public tests (when any do), and `test` shows the executor the task."""
+among the candidates that pass the public tests (when any do), and `test` shows the executor the task and repairs
+only code the executor wrote."""
 
 from __future__ import annotations
 
@@ -54,8 +55,16 @@ async def test_the_ensemble_votes_among_passing_candidates_and_falls_back_to_all
 
 async def test_the_test_operator_shows_the_task_when_it_asks_for_a_fix(he0):
     ex = Recorder(f"```python\n{RIGHT}```")
-    fixed = await _ops(he0, ex).call("test", [], {"solution": WRONG_A})
+    ops = _ops(he0, ex)
+    ops.provenance.replied(WRONG_A)  # the executor wrote the failing draft: `test` repairs only its code
+    fixed = await ops.call("test", [], {"solution": WRONG_A})
     assert "sorted(numbers)" in fixed and "return False" not in fixed
     assert len(ex.prompts) == 1
     assert "Check if in given list of numbers" in ex.prompts[0]  # the docstring of HumanEval/0's prompt
     assert WRONG_A.strip() in ex.prompts[0]
+
+
+async def test_the_test_operator_hands_back_a_solution_the_workflow_wrote_unrepaired(he0):
+    ex = Recorder(f"```python\n{RIGHT}```")
+    assert await _ops(he0, ex).call("test", [], {"solution": WRONG_A}) == WRONG_A
+    assert ex.prompts == []

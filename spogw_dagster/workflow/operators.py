@@ -2,7 +2,8 @@
 
 They run in the trusted parent: they build prompts from the query (which the workflow never sees), call the
 executor LLM (through the cache and the per-run meter), and run generated code in the sandbox. The
-workflow only ever gets strings back. The `test` operator sees only the query's public tests.
+workflow only ever gets strings back. The `test` operator sees only the query's public tests, and repairs only
+code the executor wrote.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..benchmarks import (
 from ..contracts import Problem, SamplingParams
 from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
-from .provenance import Provenance
+from .provenance import EXECUTOR, Provenance
 from .template import OPERATORS
 
 SYSTEM = "You are a helpful assistant."
@@ -227,6 +228,11 @@ class Operators:
     async def op_test(self, solution: str) -> str:
         tests = self.problem.public_tests
         if not tests:
+            return solution
+        if self.provenance.origin_of(solution_code(self.problem, solution) or solution).origin != EXECUTOR:
+            # A repair of code the executor did not write (a literal, a placeholder) is a generation hidden in
+            # a repair: trained policies learned `test(solution="Write the function.")` while it paid. Handed
+            # back unrepaired (no call), its answer stays the workflow's.
             return solution
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
