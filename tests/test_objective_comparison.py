@@ -9,7 +9,7 @@ import pytest
 from spogw_dagster.core.methods.catalog import METHODS, method_overrides, own_data
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.assets.objective_comparison import MethodRun, comparison_frame, method_config
-from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
+from spogw_dagster.pipeline.settings import ConfigValidationError, load_config, section_hash
 
 
 def test_each_method_changes_only_its_fields():
@@ -60,15 +60,35 @@ def test_each_method_changes_only_its_fields():
 
 def test_unknown_method_is_refused_with_the_choices():
     with pytest.raises(ConfigValidationError, match=r"unknown method\(s\) \['ppo'\]; choose from spogw, grpo"):
-        load_config("ci", overrides={"comparison": {"objectives": ["spogw", "ppo"]}})
+        load_config("ci", overrides={"comparison": {"methods": ["spogw", "ppo"]}})
     with pytest.raises(ValueError, match="unknown method 'ppo'"):
         method_overrides("ppo", 4)
 
 
 def test_comparison_settings_do_not_change_the_loops_config_hash():
     a = load_config("ci")
-    b = load_config("ci", overrides={"comparison": {"objectives": ["spogw", "rwr"]}})
+    b = load_config("ci", overrides={"comparison": {"methods": ["spogw", "rwr"]}})
     assert a.hash == b.hash  # `spogw run` must not rerun its iterations because the comparison changed
+
+
+def test_the_old_name_objectives_still_reads_as_methods_and_keeps_the_comparisons_code_version(tmp_path):
+    # comparison.methods was comparison.objectives until 2026-12-05: an old YAML loads to the same methods and
+    # the same objective_comparison section hash (so a comparison made before the rename is not stale); the
+    # pinned hash is the ci profile's under the old code (6949bab), with methods [spogw, rwr]
+    old = tmp_path / "old.yaml"
+    old.write_text("profile: ci\ncomparison: {objectives: [spogw, rwr]}\n")
+    cfg = load_config(config_file=old)
+    assert cfg.comparison.methods == ("spogw", "rwr")
+    pinned = "ffaba6bdcb0edfa67f2d079670cc7be1898c6393f59f8282411e24bb9302a684"
+    assert section_hash(cfg, "objective_comparison") == pinned
+    assert section_hash(load_config("ci", overrides={"comparison": {"methods": ["spogw", "rwr"]}}),
+                        "objective_comparison") == pinned
+    # an override in the new name replaces the file's old one (one key once both are read)
+    assert load_config(config_file=old, overrides={"comparison": {"methods": ["grpo"]}}).comparison.methods == ("grpo",)
+    both = tmp_path / "both.yaml"
+    both.write_text("profile: ci\ncomparison: {objectives: [spogw], methods: [rwr]}\n")
+    with pytest.raises(ConfigValidationError, match="both `methods` and `objectives`"):
+        load_config(config_file=both)
 
 
 def _rows(system: str, kind: str, valid: list[int], reward: list[float], answer: list[float] | None = None) -> list[dict]:

@@ -333,7 +333,7 @@ def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeyp
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     store: AssetStore = loop["store"]
     # --split test: the report's split, so spogw's rows can be the report's (the default is validation)
-    assert main(["compare", "--iteration", "1", "--profile", "ci", "--objectives", "spogw,grpo,rwr,score_dpo",
+    assert main(["compare", "--iteration", "1", "--profile", "ci", "--methods", "spogw,grpo,rwr,score_dpo",
                  "--split", "test", "--assets-dir", str(loop["assets"])]) == 0
     out = capsys.readouterr().out
     assert "paired difference to spogw" in out and "rwr" in out and "scored on test" in out and "Holm" in out

@@ -176,7 +176,7 @@ def test_spogw_plan_states_what_w4s_at_its_papers_turns_costs(capsys, tmp_path):
     from spogw_dagster.cli import main
 
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("profile: tiny\ncomparison: {objectives: [spogw, w4s]}\n")
+    cfg.write_text("profile: tiny\ncomparison: {methods: [spogw, w4s]}\n")
     assert main(["plan", "--config", str(cfg), "--assets-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     # tiny: d = 16, W4S's 10 turns x 5 candidates, 33 feedback queries: 800 samples, 800 x 34 = 27,200 runs

@@ -72,7 +72,7 @@ def test_feedback_queries_are_never_scored_on_validation():
 
     plain = load_config("tiny", overrides={"report": {"split": "validation"}})
     assert plain.reserved_validation() == 0 and len(heldout_problems(plain)[0]) == 16  # all of HumanEval's
-    for over in ({"comparison": {"objectives": ["spogw", "w4s"], "w4s_feedback_queries": 2}},
+    for over in ({"comparison": {"methods": ["spogw", "w4s"], "w4s_feedback_queries": 2}},
                  {"refinement": {"turns": 2}}):
         val = load_config("tiny", overrides={"report": {"split": "validation"},
                                              **over, "refinement": {**over.get("refinement", {}),

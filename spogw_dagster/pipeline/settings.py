@@ -382,7 +382,7 @@ class ComparisonSection(_Section):
     the same parent adapter on the same iteration's data and seeds, each scored on the report's held-out
     queries (`core.methods.catalog` lists them; `spogw` is the reference of the paired differences)."""
 
-    objectives: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
+    methods: tuple[str, ...] = ("spogw", "grpo", "score_dpo", "rwr")
     # W4S's turns and feedback queries when `w4s` is compared: its paper's by default (`core/methods/catalog.py`;
     # `spogw plan` states what they cost); its feedback comes from `refinement.feedback_split`
     w4s_turns: int = Field(W4S_TURNS, ge=2, le=30)
@@ -390,14 +390,24 @@ class ComparisonSection(_Section):
     # choices between methods are made on validation; `test` once, for the final table (a report of its own)
     split: Literal["test", "validation"] = "validation"
 
-    @field_validator("objectives")
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, data: Any) -> Any:
+        """`objectives` was this field's name until 2026-12-05 (it holds methods, not losses): still read."""
+        if isinstance(data, dict) and "objectives" in data:
+            if "methods" in data:
+                raise ValueError("comparison sets both `methods` and `objectives` (its old name): keep `methods`")
+            data = {("methods" if k == "objectives" else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("methods")
     @classmethod
     def _known_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         unknown = [m for m in v if m not in METHODS]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
         if not v:
-            raise ValueError("comparison.objectives is empty: name at least one method")
+            raise ValueError("comparison.methods is empty: name at least one method")
         return tuple(dict.fromkeys(v))  # a method twice would be trained twice on the same data
 
 
@@ -467,7 +477,7 @@ class SpogwConfig(BaseModel):
         """How many feedback queries W4S's turns take (the loop's own turns, the comparison's `w4s`, or both:
         the larger), 0 when neither runs."""
         loop = self.refinement.feedback_queries if self.refinement.enabled else 0
-        comp = self.comparison.w4s_feedback_queries if "w4s" in self.comparison.objectives else 0
+        comp = self.comparison.w4s_feedback_queries if "w4s" in self.comparison.methods else 0
         return max(loop, comp)
 
     def reserved_validation(self, split: str = "validation") -> int:
@@ -533,6 +543,8 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
         d.pop("refinement", None)
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
+    # hashed under the field's old name, so comparisons made before the rename keep their code version
+    d["comparison"]["objectives"] = d["comparison"].pop("methods")
     return d
 
 
@@ -634,7 +646,19 @@ def load_config(
     if base is None:
         raise ConfigValidationError(f"unknown profile {name!r}; choose one of {', '.join(profile_names())}, "
                                     "or pass a YAML file with --config")
-    data = deep_merge(base, file_data)
-    data = deep_merge(data, dict(overrides or {}))
+    # each layer's old names first, so a file's `objectives` and an override's `methods` merge as one key
+    data = deep_merge(base, _renamed(file_data))
+    data = deep_merge(data, _renamed(dict(overrides or {})))
     data["profile"] = name
     return parse_config(data)
+
+
+def _renamed(layer: dict[str, Any]) -> dict[str, Any]:
+    """`layer` with `comparison.objectives` (the old name) read as `comparison.methods`."""
+    comp = layer.get("comparison")
+    if not isinstance(comp, dict) or "objectives" not in comp:
+        return layer
+    try:
+        return {**layer, "comparison": ComparisonSection._old_name(comp)}
+    except ValueError as e:
+        raise ConfigValidationError(str(e)) from None

@@ -50,7 +50,7 @@ def build_definitions(
     )
     comparison = dg.define_asset_job(
         COMPARISON_JOB, selection=dg.AssetSelection.assets("objective_comparison"),
-        description="The methods of comparison.objectives side by side on one iteration's data (needs the "
+        description="The methods of comparison.methods side by side on one iteration's data (needs the "
                     "iteration's report).", tags={"spogw/profile": cfg.profile})
     pipeline = PipelineResource.from_config(cfg, root)
     return dg.Definitions(

@@ -107,15 +107,15 @@ def add_pipeline_commands(sub) -> None:
                                      "(mode, query, sample) — they must share sampler and executor seeds, as every "
                                      "report's systems do — and print each metric for both with the paired "
                                      "difference A - B and its 95% paired bootstrap interval over queries, e.g. "
-                                     "`spogw compare spogw@0002 base`. `spogw compare --iteration K --objectives "
+                                     "`spogw compare spogw@0002 base`. `spogw compare --iteration K --methods "
                                      "spogw,grpo,score_dpo,rwr`: materialize objective_comparison[K] (each method "
                                      "trained from lora_checkpoint(K-1) on iteration K's data with the same seeds, "
                                      "scored on the report's held-out queries) and print its table.")
     cmp.add_argument("a", nargs="?", help="system label as in heldout_results.system, e.g. spogw@0002")
     cmp.add_argument("b", nargs="?", help="the system to compare against, e.g. base or spogw@0000")
     cmp.add_argument("--iteration", type=int, default=None, help="train and compare methods on this iteration")
-    cmp.add_argument("--objectives", default=None,
-                     help="comma-separated methods (default: comparison.objectives), e.g. spogw,grpo,score_dpo,rwr,"
+    cmp.add_argument("--methods", "--objectives", dest="methods", default=None,
+                     help="comma-separated methods (default: comparison.methods; --objectives is its old name), e.g. spogw,grpo,score_dpo,rwr,"
                           "spogw_beta0,spogw_ref_previous,spogw_no_screening,spogw_no_sharpening")
     add_config_source(cmp, prefix="with --iteration: ")
     cmp.add_argument("--assets-dir", default=None, help="default: $SPOGW_ASSETS_DIR or ./assets")
@@ -263,8 +263,8 @@ def _objective_comparison(args: argparse.Namespace) -> int:
 
     from spogw_dagster.pipeline.runs.loop import run_comparison
 
-    objectives = [o.strip() for o in args.objectives.split(",") if o.strip()] if args.objectives else None
-    table = run_comparison(args.profile, args.config, args.iteration, objectives, args.assets_dir, split=args.split)
+    methods = [o.strip() for o in args.methods.split(",") if o.strip()] if args.methods else None
+    table = run_comparison(args.profile, args.config, args.iteration, methods, args.assets_dir, split=args.split)
     if args.json:
         print(_json.dumps(table.to_dicts(), indent=1, default=str))
         return 0

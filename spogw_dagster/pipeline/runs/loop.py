@@ -414,18 +414,18 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
     return outcomes
 
 
-def run_comparison(profile: str | None, config_file: str | None, iteration: int, objectives: list[str] | None,
+def run_comparison(profile: str | None, config_file: str | None, iteration: int, methods: list[str] | None,
                    assets_dir: str | os.PathLike[str] | None = None, out: TextIO | None = None, instance=None,
                    split: str | None = None):
     """Materialize objective_comparison for one iteration (its report must exist) against the persistent
-    instance, as `spogw run` would; returns the comparison frame. `objectives` overrides comparison.objectives
+    instance, as `spogw run` would; returns the comparison frame. `methods` overrides comparison.methods
     and `split` comparison.split."""
     import dagster as dg
 
     from spogw_dagster.pipeline.defs.partitions import iteration_key
 
     out = out or sys.stdout
-    over = {k: v for k, v in (("objectives", objectives), ("split", split)) if v}
+    over = {k: v for k, v in (("methods", methods), ("split", split)) if v}
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     cfg = require(profile, config_file, {"comparison": over} if over else None, assets_dir=root)
     store = AssetStore(root)
@@ -449,7 +449,7 @@ def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out
         if not instance.has_dynamic_partition(PARTITIONS_NAME, key):  # another DAGSTER_HOME than the loop's
             instance.add_dynamic_partitions(PARTITIONS_NAME, [key])
         job = build_definitions(assets_dir=root, config=cfg).resolve_job_def(COMPARISON_JOB)
-        print(f"spogw compare: iteration {key}, methods {', '.join(cfg.comparison.objectives)}", file=out, flush=True)
+        print(f"spogw compare: iteration {key}, methods {', '.join(cfg.comparison.methods)}", file=out, flush=True)
         t0 = time.monotonic()
         with _progress_to(out):
             result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False,

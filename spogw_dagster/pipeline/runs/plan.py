@@ -302,7 +302,7 @@ def w4s_plans_from_config(cfg: Any, p: IterationPlan) -> list[W4SPlan]:
     if cfg.refinement.enabled:
         out.append(w4s_plan("the loop (refinement)", turns=cfg.refinement.turns, m=cfg.curation.m,
                             feedback_queries=cfg.refinement.feedback_queries, **common))
-    if "w4s" in cfg.comparison.objectives:
+    if "w4s" in cfg.comparison.methods:
         c = cfg.comparison
         out.append(w4s_plan("the comparison's w4s", turns=c.w4s_turns, m=METHODS["w4s"]["curation"]["m"],
                             feedback_queries=c.w4s_feedback_queries, **common))

@@ -13,7 +13,7 @@ asset's code version, which depends on the config. The groups show the stages in
     training     lora_checkpoint(k)     the LoRA adapter trained with the configured objective
     evaluation   benchmark_report(k)    held-out metrics of checkpoint k beside π_{k-1} and static baselines
                                         (its per-sample side table: heldout_results)
-                 objective_comparison(k) on demand: the methods of comparison.objectives trained side by side
+                 objective_comparison(k) on demand: the methods of comparison.methods trained side by side
                                         from lora_checkpoint(k-1) on iteration k's data, scored like the report
 """
 

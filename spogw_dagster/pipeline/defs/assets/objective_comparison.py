@@ -1,10 +1,10 @@
-"""objective_comparison(k): the methods of `comparison.objectives` (`core.methods.catalog`: spogw, grpo, grpo_nokl,
+"""objective_comparison(k): the methods of `comparison.methods` (`core.methods.catalog`: spogw, grpo, grpo_nokl,
 score_dpo, rwr and SPOGW's ablations) each trained from the same parent adapter, lora_checkpoint(k-1), on the
 same iteration's sampled and scored workflows with the same seeds, then scored on the report's held-out
 queries with the report's seeds, metrics and intervals. One row per method, mode and metric with the paired
 difference to the reference method (`spogw` when selected, else the first); per-sample rows go to the side
 table comparison_heldout. Not part of the loop's job: materialize it for an iteration whose report exists
-(`spogw compare --iteration K --objectives ...`, or the UI).
+(`spogw compare --iteration K --methods ...`, or the UI).
 
 What each method trained on is recorded beside it: the hash of the iteration's candidate rows (identical for
 every method: the same data), the seed, the parent adapter's hash, and the hash of its own examples (its data
@@ -47,7 +47,7 @@ from spogw_dagster.seeds import derive_seed
 NAME = "objective_comparison"
 GROUP = "evaluation"
 KINDS = {"pytorch", "parquet"}
-DESCRIPTION = ("SPOGW, GRPO, Score-DPO, RWR and SPOGW's ablations (comparison.objectives) trained from the same "
+DESCRIPTION = ("SPOGW, GRPO, Score-DPO, RWR and SPOGW's ablations (comparison.methods) trained from the same "
                "parent adapter on iteration k's data with the same seeds, scored on the report's held-out queries: "
                "metrics with 95% intervals and the paired difference to spogw. On demand, not in the loop's job.")
 SIDE_TABLE = "comparison_heldout"
@@ -85,7 +85,7 @@ def objective_comparison(context: dg.AssetExecutionContext, pipeline: PipelineRe
     rows_sha = candidate_rows_sha256(sampled_workflows, execution_scores)
     frames = (sampled_workflows, execution_scores, sharpened_groups)
     runs, own = [], []
-    for name in cfg.comparison.objectives:
+    for name in cfg.comparison.methods:
         mframes, mrows_sha = frames, rows_sha
         if own_data(name):  # ScoreFlow: its own sampling and scoring settings, same parent and seeds
             mcfg = method_config(cfg, name)
@@ -112,7 +112,7 @@ def objective_comparison(context: dg.AssetExecutionContext, pipeline: PipelineRe
         problems, split_info = ho.heldout_problems(scfg)
     heldout = _score(context, pipeline, scfg, runs, problems, store, key, benchmark_report)
     store.write_parquet(SIDE_TABLE, key, heldout)
-    reference = "spogw" if "spogw" in cfg.comparison.objectives else cfg.comparison.objectives[0]
+    reference = "spogw" if "spogw" in cfg.comparison.methods else cfg.comparison.methods[0]
     table = comparison_frame(heldout, runs, reference=reference, iteration=k,
                              parent_sha256=parent.sha256 if parent else None, config_hash=cfg.hash,
                              split_ids_sha256=split_info["ids_sha256"], resamples=cfg.report.bootstrap_resamples,
