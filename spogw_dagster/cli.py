@@ -13,10 +13,14 @@ import json
 import sys
 from pathlib import Path
 
+from spogw_dagster.pipeline.runs.commands import COMMANDS as PIPELINE_COMMANDS
+from spogw_dagster.pipeline.runs.commands import add_pipeline_commands, run_pipeline_command
+
 from . import bundled_models as bm
 from .benchmarks.queries import get_problem, held_out_problems, split_problems
 from .evaluation import baseline_workflow, evaluate_many, evaluate_text, summarize
 from .executors.factory import make_executor
+from .executors.llama_runtime import main as runtime_main
 from .sandboxing import SandboxUnavailableError, detect_isolation, isolation_choices
 from .sandboxing.engine import DockerUnavailableError
 from .sandboxing.images import SANDBOX_IMAGE, build_image
@@ -119,8 +123,6 @@ def _models(args) -> int:
 
 def _add_pipeline_commands(sub) -> None:
     """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/runs/commands.py)."""
-    from spogw_dagster.pipeline.runs.commands import add_pipeline_commands
-
     add_pipeline_commands(sub)
 
 
@@ -192,19 +194,14 @@ async def _baseline(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from spogw_dagster.pipeline.runs.commands import COMMANDS as PIPELINE_COMMANDS
 
     if args.cmd in PIPELINE_COMMANDS:
-        from spogw_dagster.pipeline.runs.commands import run_pipeline_command
-
         return run_pipeline_command(args)
     if args.cmd == "sandbox":
         return _sandbox_build_image(args)
     if args.cmd == "models":
         return _models(args)
     if args.cmd == "runtime":
-        from .executors.llama_runtime import main as runtime_main
-
         extra = (["--force"] if getattr(args, "force", False) else []) + \
             (["--jobs", str(args.jobs)] if getattr(args, "jobs", None) else [])
         return runtime_main([args.runtime_cmd, *extra])

@@ -290,6 +290,7 @@ async def evaluate_many(code: str, problems: Iterable[Problem], executor, iso: I
 
 def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval for a solve rate (see `core.stats.wilson`)."""
+    # lazy: numpy stays out of the CLI's start-up (this module is imported by every `spogw`)
     from .core.stats import wilson
 
     return wilson(successes, n, z)

@@ -52,6 +52,7 @@ from ..contracts import ChatResult, SamplingParams
 from ..fsutil import file_sha256
 from .base import ExecutorError, RequestFaultError
 from .llama_runtime import INSTALL_HINT, Runtime, cpu_features, find_runtime, host_cpu_flags
+from .openai_compat import OpenAICompatExecutor
 
 log = logging.getLogger(__name__)
 
@@ -378,8 +379,6 @@ class EmbeddedExecutor:
                 "served_per_worker": list(self._picks), "crash_errors": self.crash_errors}
 
     def _client(self, srv: LlamaServer):
-        from .openai_compat import OpenAICompatExecutor
-
         url = srv.url
         c = self._clients.get(url)
         if c is None:

@@ -40,7 +40,7 @@ from pydantic import (
 )
 
 from spogw_dagster.benchmarks import get_spec
-from spogw_dagster.bundled_models import find
+from spogw_dagster.bundled_models import all_aliases, find
 from spogw_dagster.core.hyperparams import ConfigError, CurationConfig
 from spogw_dagster.core.methods.catalog import METHODS, W4S_FEEDBACK_QUERIES, W4S_TURNS
 from spogw_dagster.core.rewards import Ladder
@@ -193,12 +193,8 @@ class ExecutorSection(_Section):
             raise ValueError("executor.url needs executor.model (the model name the endpoint serves)")
         if self.model and not (self.url or self.urls):
             # no endpoint: the embedded executor on a bundled model (an alias) or a local .gguf file
-            from spogw_dagster.bundled_models import find
-
             if find(self.model) is None and not (Path(self.model).expanduser().suffix.lower() == ".gguf"
                       and Path(self.model).expanduser().is_file()):
-                from spogw_dagster.bundled_models import all_aliases
-
                 raise ValueError(
                     f"executor.model {self.model!r} without executor.url is neither a bundled model "
                     f"({', '.join(all_aliases())}) nor an existing .gguf file; fix: name one of those for the embedded "
@@ -459,8 +455,6 @@ class SpogwConfig(BaseModel):
                              "process does, so the run would not be the 1-process run; set lora_dropout: 0 or "
                              "processes: 1")
         if self.benchmark.data_path is None:
-            from spogw_dagster.benchmarks import get_spec
-
             if get_spec(self.benchmark.name).needs_path:
                 raise ValueError(f"benchmark {self.benchmark.name!r} ships in no package: set benchmark.data_path "
                                  "to its data file")

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.contracts import SamplingParams
 from spogw_dagster.core.device_paths import prefix_sharing_for
-from spogw_dagster.models import check_adapter_folder, load_tokenizer, resolve_model
+from spogw_dagster.models import check_adapter_folder, load_model_and_tokenizer, load_tokenizer, resolve_model
 from spogw_dagster.seeds import sampler_seed
 
 __all__ = [
@@ -317,8 +317,6 @@ class TransformersSampler:
         self.model_spec = str(model_spec)
         self.adapter_path = str(adapter_path) if adapter_path is not None else None
         if model is None:
-            from spogw_dagster.models import load_model_and_tokenizer
-
             model, tok = load_model_and_tokenizer(model_spec, dtype=dtype, adapter_path=adapter_path)
             tokenizer = tokenizer or tok
         elif tokenizer is None:

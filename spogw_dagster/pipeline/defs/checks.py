@@ -26,7 +26,9 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.models import load_model_and_tokenizer
+from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+from spogw_dagster.pipeline.data.tables import internal_error_rows
 from spogw_dagster.pipeline.defs.partitions import iteration_key, iterations
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.outage import executed_error_share
@@ -92,8 +94,6 @@ def executor_error_rate(execution_scores: pl.DataFrame, pipeline: PipelineResour
 
 @_ck(asset="execution_scores", description="No run tripped a bug of spogw-dagster while serving an operator.")
 def no_internal_errors(execution_scores: pl.DataFrame) -> dg.AssetCheckResult:
-    from spogw_dagster.pipeline.data.tables import internal_error_rows
-
     hit = internal_error_rows(execution_scores)
     return dg.AssetCheckResult(
         passed=hit.height == 0, severity=dg.AssetCheckSeverity.WARN,
@@ -148,8 +148,6 @@ def loss_finite_and_adapter_reloads(lora_checkpoint: pl.DataFrame, pipeline: Pip
      description="The report compares checkpoint k with π_{k-1} on the same queries and seeds, and its answer score "
                  "did not fall by more than report.max_regression (paired difference, sampled mode when present).")
 def compared_with_previous(benchmark_report: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
-    from spogw_dagster.pipeline.data import report_stats
-
     tol = pipeline.config().report.max_regression
     kinds = set(benchmark_report["kind"].to_list()) if "kind" in benchmark_report.columns else set()
     ans = report_stats.metric_row(benchmark_report, "checkpoint", "answer_score") if "metric" in benchmark_report.columns \

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dagster as dg
 
 from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME, iteration_key, iterations, key_to_int
+from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs
 
 JOB_NAME = "spogw_iteration"
 ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -48,8 +49,6 @@ def build_sensor(job: dg.UnresolvedAssetJobDefinition, max_iterations: int, conf
                description=f"Launches iteration k+1 when benchmark_report(k) lands (up to {max_iterations}); "
                            "never while an iteration runs.")
     def next_iteration_sensor(context: dg.SensorEvaluationContext):
-        from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs
-
         inst = context.instance
         # a run whose worker was killed would stay "started" forever and block the loop: close it (failed,
         # with the reason) so the UI can re-execute it from failure

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster.paths import cache_dir
+from spogw_dagster.pipeline.defs.run_executors import locking_executor
+from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
 from spogw_dagster.sandboxing import backend_docker
 
 ENV_SWITCH = "SPOGW_STEP_EXECUTOR"  # in_process (default) | docker
@@ -49,8 +51,6 @@ _PASS_SKIP = {"SPOGW_CACHE_DIR", "SPOGW_ASSETS_DIR"}
 def mode() -> str:
     m = (os.environ.get(ENV_SWITCH) or "in_process").strip().lower().replace("-", "_")
     if m not in {"in_process", "docker"}:
-        from spogw_dagster.pipeline.settings import ConfigValidationError
-
         raise ConfigValidationError(f"{ENV_SWITCH}={m!r}: expected in_process or docker")
     return m
 
@@ -89,8 +89,6 @@ def _under(path: str, dirs: list[str]) -> bool:
 
 def step_executor_config(root: Path) -> dict[str, Any]:
     """The docker_executor's config for the assets directory `root` (see the module docstring)."""
-    from spogw_dagster.pipeline.settings import load_config
-
     root = Path(root).resolve()
     home = Path(os.environ.get("DAGSTER_HOME") or root / ".dagster").resolve()
     cache = cache_dir().resolve()
@@ -136,8 +134,6 @@ def step_executor(root: Path):
     try:
         from dagster_docker import docker_executor
     except ImportError as e:
-        from spogw_dagster.pipeline.settings import ConfigValidationError
-
         raise ConfigValidationError(f"{ENV_SWITCH}=docker needs dagster-docker ({e}). Fix: "
                                     "pip install -e '.[docker]'") from None
     return _locking(docker_executor, Path(root).resolve()).configured(step_executor_config(root), name="docker")
@@ -147,7 +143,5 @@ def _locking(base, root: Path):
     """`base` holding the assets directory's lock for the whole run (`run_executors.locking_executor`): runs launched
     from the UI, a backfill or the sensor wait in iteration order; a run this process orchestrates under its
     own lock (run_loop_in_containers) goes ahead."""
-    from spogw_dagster.pipeline.defs.run_executors import locking_executor
-
     return locking_executor(base, root, label="steps in containers", description=(
         "Each step in its own Docker container (dagster-docker), holding the assets directory's lock."))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
+from spogw_dagster.pipeline.data.locks import assets_dir_lock
 from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir, sweep_temp_files
 
 COMPARISON_DIR = "comparison"
@@ -80,8 +81,6 @@ def collect(store: AssetStore, dry_run: bool = False) -> tuple[list[Path], int]:
 
 
 def gc_command(assets_dir: str | None, dry_run: bool) -> int:
-    from spogw_dagster.pipeline.data.locks import assets_dir_lock
-
     store = AssetStore(assets_dir or default_assets_dir())
     with assets_dir_lock(store.root, "spogw gc"):
         paths, freed = collect(store, dry_run=dry_run)

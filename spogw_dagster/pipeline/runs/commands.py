@@ -10,6 +10,9 @@
     spogw plan [--profile P | --config FILE] [--assets-dir DIR]   the work one iteration implies, before it runs
     spogw compare A B [--assets-dir DIR]    paired difference of two systems already in heldout_results (e.g.
                                             the last checkpoint against the base model), from the stored rows
+
+Every `spogw` invocation imports this module to build its parser, so each command imports what it runs inside
+its handler: the settings, polars, numpy and dagster would add ~0.8 s (dagster ~2 s more) to every start-up.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.benchmarks.queries import split_problems
+from spogw_dagster.pipeline.data.catalog import refresh_catalog
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.data.storage import (
     STORAGE_ERRNOS,
@@ -128,13 +132,11 @@ def add_pipeline_commands(sub) -> None:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.settings import ConfigValidationError
 
     try:
         if args.cmd == "catalog":
-            from spogw_dagster.pipeline.data.catalog import refresh_catalog
-            from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir
-
             store = AssetStore(args.assets_dir or default_assets_dir())
             refresh_catalog(store, force=True)
             print(f"rebuilt {store.catalog_path}")
@@ -144,6 +146,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         if args.cmd == "evaluate":
             return evaluate_command(args)
         if args.cmd == "gc":
+            # lazy: start-up time (module doc)
             from spogw_dagster.pipeline.runs.cleanup import gc_command
 
             return gc_command(args.assets_dir, args.dry_run)
@@ -151,6 +154,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
             return plan_command(args)
         if args.cmd == "compare":
             return compare_command(args)
+        # lazy: start-up time (module doc)
         from spogw_dagster.pipeline.runs.loop import run_loop
 
         if args.iterations is not None and args.iterations < 1:
@@ -158,6 +162,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds) if getattr(args, "seeds", None) else None
         try:
             if seeds:
+                # lazy: start-up time (module doc)
                 from spogw_dagster.pipeline.runs.loop import run_seeds
 
                 outcomes = run_seeds(args.profile, args.config, args.iterations, args.assets_dir, seeds,
@@ -189,6 +194,7 @@ def check_command(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.runs.preflight import preflight
 
     cfg, findings = preflight(args.profile, args.config, assets_dir=args.assets_dir)
@@ -204,6 +210,7 @@ def check_command(args: argparse.Namespace) -> int:
 
 
 def parse_seeds(text: str) -> list[int]:
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.settings import ConfigValidationError
 
     try:
@@ -223,12 +230,14 @@ def compare_command(args: argparse.Namespace) -> int:
     if args.iteration is not None:
         return _objective_comparison(args)
     if not (args.a and args.b):
+        # lazy: start-up time (module doc)
         from spogw_dagster.pipeline.settings import ConfigValidationError
 
         raise ConfigValidationError("spogw compare needs two systems (A B) or --iteration K")
 
     import polars as pl
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.domain.headline import heldout_rows
     from spogw_dagster.pipeline.settings import ConfigValidationError
@@ -261,6 +270,7 @@ def _objective_comparison(args: argparse.Namespace) -> int:
 
     import polars as pl
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.runs.loop import run_comparison
 
     methods = [o.strip() for o in args.methods.split(",") if o.strip()] if args.methods else None
@@ -292,6 +302,7 @@ def _objective_comparison(args: argparse.Namespace) -> int:
 def _policy(path: str | None, kind: str):
     from pathlib import Path
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.domain.heldout import Policy
     from spogw_dagster.pipeline.settings import ConfigValidationError
 
@@ -309,6 +320,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     import json as _json
     from pathlib import Path
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.defs.resources import PipelineResource
     from spogw_dagster.pipeline.domain import heldout as ho
@@ -386,6 +398,7 @@ def plan_command(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
+    # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.runs.preflight import PLAN_CHECKS, PreflightError, preflight
     from spogw_dagster.pipeline.settings import ConfigValidationError
 

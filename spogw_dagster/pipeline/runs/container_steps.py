@@ -28,6 +28,8 @@ from typing import Any, TextIO
 
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
 from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
+from spogw_dagster.pipeline.defs.wiring import definitions_from_env
+from spogw_dagster.pipeline.runs.loop import run_loop
 from spogw_dagster.sandboxing import images
 from spogw_dagster.sandboxing.engine import DockerUnavailableError, docker, last_line
 from spogw_dagster.sandboxing.images import ImageSpec, host_skeleton
@@ -75,8 +77,6 @@ _DEFS: dict[tuple, Any] = {}
 
 
 def _lazy_defs():
-    from spogw_dagster.pipeline.defs.wiring import definitions_from_env
-
     key = tuple(os.environ.get(k) for k in (ENV_SWITCH, "SPOGW_PROFILE", "SPOGW_CONFIG", "SPOGW_ASSETS_DIR"))
     if key not in _DEFS:
         _DEFS[key] = definitions_from_env()
@@ -250,8 +250,6 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     step_containers said of those its steps ran in). Step containers are removed as their steps finish
     (_Reaper) and at the end of each iteration, unless keep_containers (then the caller removes them:
     remove_step_containers)."""
-    from spogw_dagster.pipeline.runs.loop import run_loop
-
     steps = ContainerSteps(keep_containers)
     # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
     with _restored_environ("DAGSTER_HOME"):

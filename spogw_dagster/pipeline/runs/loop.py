@@ -22,8 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TextIO
 
+import dagster as dg
+import polars as pl
+
 from spogw_dagster.pipeline.data.checkpoints import adapter_damage
 from spogw_dagster.pipeline.data.locks import assets_dir_lock
+from spogw_dagster.pipeline.data.report_stats import curve_table_text
 from spogw_dagster.pipeline.data.storage import (
     ASSET_NAMES,
     AssetStore,
@@ -31,8 +35,13 @@ from spogw_dagster.pipeline.data.storage import (
     sweep_temp_files,
     write_parquet_atomic,
 )
+from spogw_dagster.pipeline.defs.assets.common import frame_data_version, parent_or_fail
+from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME, iteration_key
 from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs, worker_tags
+from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+from spogw_dagster.pipeline.defs.wiring import COMPARISON_JOB, build_definitions
 from spogw_dagster.pipeline.domain.errors import StaleInputError
+from spogw_dagster.pipeline.domain.headline import headline, headline_text, seed_overrides, seed_table, seed_table_text
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.profiles import HEADLINE_RUN as h
 from spogw_dagster.pipeline.runs.preflight import require
@@ -127,8 +136,6 @@ def run_loop(
 ) -> list[IterationOutcome]:
     """The loop: each iteration one run of the iteration job, executed by `steps` (InProcessSteps, the
     default; container_steps.ContainerSteps runs every step in its own container)."""
-    import dagster as dg
-
 
     # sys.stdout at call time, not at import: a default bound at import writes past whatever replaced it since
     out = out or sys.stdout
@@ -151,8 +158,6 @@ class InProcessSteps:
         yield self
 
     def execute(self, defs, instance, key: str, selection, tags: dict[str, str], run_config: dict):
-        from spogw_dagster.pipeline.defs.sensors import JOB_NAME
-
         return defs.resolve_job_def(JOB_NAME).execute_in_process(
             partition_key=key, instance=instance, raise_on_error=False, asset_selection=selection,
             tags={**tags, **worker_tags()}, run_config=run_config)
@@ -164,9 +169,6 @@ class InProcessSteps:
 
 def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO, instance,
                      log_level: str, steps: InProcessSteps) -> list[IterationOutcome]:
-    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME, iteration_key
-    from spogw_dagster.pipeline.defs.wiring import build_definitions
-
     store = AssetStore(root)
     own_instance = instance is None
     if own_instance:
@@ -253,10 +255,6 @@ def damaged_assets(store: AssetStore, key: str) -> list[str]:
 
 
 def _sampled_from_current_parent(store: AssetStore, key: str) -> bool:
-    import dagster as dg
-
-    from spogw_dagster.pipeline.defs.assets.common import parent_or_fail
-
     try:
         check_sampled_from_parent(key, parent_or_fail(store, key), store.read_parquet("sampled_workflows", key))
     except (dg.Failure, StaleInputError):  # no parent (parent_or_fail), or another parent than the one sampled
@@ -273,10 +271,6 @@ def resume_index(instance, defs, store: AssetStore, key: str, damaged: list[str]
     and everything after it, is rerun. A partition file with no such record (a copied directory, a kill
     between the file and its event) counts as not materialized. `damaged`: `damaged_assets(store, key)`, when
     the caller has it already."""
-    import dagster as dg
-
-    from spogw_dagster.pipeline.defs.assets.common import frame_data_version
-
     damaged = set(damaged_assets(store, key) if damaged is None else damaged)
     latest: dict[str, int] = {}  # storage id of each kept asset's latest materialization
     pointer = "dagster/input_event_pointer/"
@@ -306,8 +300,6 @@ def _run_iteration(steps: InProcessSteps, defs, instance, key: str, log_level: s
                    start: int = 0) -> IterationOutcome:
     """Materialize one partition of the six assets (from ASSET_NAMES[start] on) with `steps`; print each
     asset's time and the checks."""
-    import dagster as dg
-
     say(f"iteration {key}: running {' -> '.join(ASSET_NAMES[start:])}")
     t0 = time.monotonic()
     result = steps.execute(
@@ -350,11 +342,6 @@ def _already_reported(store: AssetStore, key: str, config_hash: str) -> bool:
 def summary_table(store: AssetStore, iterations: int) -> str:
     """Held-out metrics per iteration with 95% intervals (checkpoint, π_{k-1}, baselines; greedy and sampled)
     and the checkpoint's paired difference to π_{k-1}."""
-    import polars as pl
-
-    from spogw_dagster.pipeline.data.report_stats import curve_table_text
-    from spogw_dagster.pipeline.defs.partitions import iteration_key
-
     rows = []
     for k in range(iterations):
         key = iteration_key(k)
@@ -366,7 +353,6 @@ def summary_table(store: AssetStore, iterations: int) -> str:
         return "no benchmark_report yet"
     rep = pl.concat(rows, how="diagonal_relaxed")
     split = ", ".join(sorted(set(rep["split"].to_list())))
-    from spogw_dagster.pipeline.domain.headline import headline, headline_text
 
     try:
         head = headline_text(headline(store))
@@ -391,8 +377,6 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
     """The loop once per training seed, each in `<assets>/seed-<s>` (one call cache for all), then the last
     checkpoint's answer score against the base and the best baseline per seed and across seeds
     (`<assets>/seeds_summary.parquet`)."""
-    from spogw_dagster.pipeline.domain.headline import headline, seed_overrides, seed_table, seed_table_text
-
     out = out or sys.stdout
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -420,10 +404,6 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     """Materialize objective_comparison for one iteration (its report must exist) against the persistent
     instance, as `spogw run` would; returns the comparison frame. `methods` overrides comparison.methods
     and `split` comparison.split."""
-    import dagster as dg
-
-    from spogw_dagster.pipeline.defs.partitions import iteration_key
-
     out = out or sys.stdout
     over = {k: v for k, v in (("methods", methods), ("split", split)) if v}
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
@@ -438,9 +418,6 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
 
 
 def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
-    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
-    from spogw_dagster.pipeline.defs.wiring import COMPARISON_JOB, build_definitions
-
     own = instance is None
     if own:
         ensure_dagster_home(root)

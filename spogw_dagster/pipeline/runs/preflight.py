@@ -28,6 +28,9 @@ from typing import Any, Mapping, Sequence
 from spogw_dagster import bundled_models as bm
 from spogw_dagster.benchmarks import BenchmarkDataError
 from spogw_dagster.benchmarks.queries import default_split_sizes
+from spogw_dagster.executors.llama_runtime import RuntimeMissingError, find_runtime
+from spogw_dagster.models import DEFAULT_MODEL
+from spogw_dagster.pipeline.data.storage import default_assets_dir, storage_trouble
 from spogw_dagster.pipeline.settings import ConfigValidationError, deep_merge, load_config
 from spogw_dagster.sandboxing import SandboxUnavailableError, detect_isolation
 
@@ -177,6 +180,7 @@ def split_problems(cfg) -> list[Finding]:
 
 
 def _benchmark(cfg, **_) -> list[Finding]:
+    # lazy: dagster (~2 s) loads only when a check needs the benchmark's data
     from spogw_dagster.pipeline.defs.resources import check_benchmark_data
 
     b = cfg.benchmark
@@ -239,10 +243,7 @@ def _executor(cfg, *, placeholders, timeout_s: float, **_) -> list[Finding]:
     e = cfg.executor
     urls = e.endpoints()
     if not urls:
-        from spogw_dagster.models import DEFAULT_MODEL
-
         out = [_model_file("executor", e.model or DEFAULT_MODEL, hf_folder_ok=False)]
-        from spogw_dagster.executors.llama_runtime import RuntimeMissingError, find_runtime
 
         try:
             rt = find_runtime()
@@ -298,8 +299,6 @@ def _sandbox(cfg, **_) -> list[Finding]:
 
 
 def _assets(cfg, *, assets_dir, **_) -> list[Finding]:
-    from spogw_dagster.pipeline.data.storage import default_assets_dir, storage_trouble
-
     root = Path(assets_dir).expanduser() if assets_dir else default_assets_dir()
     trouble = storage_trouble(root)
     if trouble:

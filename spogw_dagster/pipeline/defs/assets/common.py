@@ -15,6 +15,7 @@ from typing import Any, Callable
 import dagster as dg
 import polars as pl
 
+from spogw_dagster.executors.embedded import runtime_report
 from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
@@ -41,8 +42,6 @@ def common_metadata(cfg: SpogwConfig, asset: str, t0: float) -> dict[str, Any]:
 
 def executor_runtime_metadata() -> dict[str, Any]:
     """The embedded executor's llama.cpp build and the CPU features it uses (nothing for an endpoint)."""
-    from spogw_dagster.executors.embedded import runtime_report
-
     info = runtime_report()
     if not info:
         return {}

@@ -22,6 +22,7 @@ from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
+from spogw_dagster.pipeline.defs.plots import curve
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
@@ -127,8 +128,6 @@ def _metadata(row: dict[str, Any], parent, stats: dict[str, Any]) -> dict[str, A
     }
     losses, kls = row["loss_curve"], row["kl_curve"]
     if losses:
-        from spogw_dagster.pipeline.defs.plots import curve
-
         md["loss_curve"] = dg.MetadataValue.md(curve(losses, f"iteration {row['iteration']}: training loss", "loss",
                                                      {"kl": kls} if kls else None))
         md["last_loss"] = dg.MetadataValue.float(float(losses[-1]))
