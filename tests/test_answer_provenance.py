@@ -199,6 +199,9 @@ class CountingCoder(FakeCoder):
 @pytest.mark.parametrize("solution", [
     "'def has_close_elements(numbers, threshold):' + '\\n' + '    pass'",  # a placeholder
     "'Write the function.'",  # what trained policies wrote (runs C and D of the answers profile)
+    "99",  # a number: the workflow's, though the dropped draft (`> 99`) holds the same token
+    "False",
+    "x[:3]",  # a few tokens cut from the draft: no solution to repair
 ])
 async def test_test_does_not_repair_what_the_workflow_wrote(solution, he0):
     # a repair of workflow text would be a generation hidden in `test`: handed back as it is, no executor call,
@@ -211,6 +214,35 @@ async def test_test_does_not_repair_what_the_workflow_wrote(solution, he0):
     assert r.status.value == "ok", r.error
     assert coder.repairs == 0
     assert r.score == 0.0 and r.answer_origin in ("workflow", "none")
+
+
+class BodyCoder(FakeCoder):
+    """Replies with the function's body only (the prompt's signature is joined to it) and counts repairs."""
+
+    def __init__(self):
+        super().__init__(correct=False)
+        self.repairs = 0
+
+    async def chat(self, messages, params):
+        if "fails a test" in messages[-1]["content"]:
+            self.repairs += 1
+            return await super().chat(messages, params)
+        return ChatResult(text="```python\n    return False\n```", prompt_tokens=1, completion_tokens=1,
+                          latency_s=0.0, model=self.model)
+
+
+async def test_a_short_body_only_executor_draft_is_still_the_executor_s_and_gets_repaired(he0):
+    # the draft `return False` is 2 tokens; every 4-token window of the joined function crosses the join with
+    # the signature, so only the parent's record of the joined code makes it the executor's
+    code = wf("x = await self.code_generate(instruction='Write the function.')\nreturn await self.test(solution=x)")
+    coder = BodyCoder()
+    r = await evaluate_workflow(code, he0, coder, detect_isolation())
+    assert coder.repairs == 1
+    assert (r.answer_origin, r.score) == ("executor", 1.0), r.detail
+    # unrepaired, the short body is scored as the executor's wrong answer, not as the workflow's
+    r = await evaluate_workflow(wf("return await self.code_generate(instruction='Write the function.')"), he0,
+                                BodyCoder(), detect_isolation())
+    assert (r.answer_origin, r.score) == ("executor", 0.0), r.detail
 
 
 async def test_the_wrong_executor_answer_scores_zero_as_the_executor_s(he0):

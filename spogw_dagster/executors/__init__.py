@@ -45,12 +45,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "OpenAICompatExecutor":
-        # lazy: these modules import executors.base through this package (a cycle at import time)
+        # lazy: httpx and tenacity load only when an endpoint executor is asked for
         from spogw_dagster.executors.openai_compat import OpenAICompatExecutor
 
         return OpenAICompatExecutor
     if name == "FleetExecutor":
-        # lazy: these modules import executors.base through this package (a cycle at import time)
+        # lazy: httpx and tenacity load only when an endpoint executor is asked for
         from spogw_dagster.executors.fleet import FleetExecutor
 
         return FleetExecutor

@@ -36,14 +36,14 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
         if not model:
             raise ValueError("--executor-url needs --executor-model (the model name the endpoint serves)")
         if len(urls) == 1:
-            # lazy: only the executor chosen loads (httpx, tenacity, the llama.cpp runtime)
+            # lazy: only the executor chosen loads (httpx and tenacity for endpoints, the llama.cpp runtime)
             from .openai_compat import OpenAICompatExecutor
 
             inner = OpenAICompatExecutor(urls[0], model, api_key_env=api_key_env, max_concurrency=max_concurrency,
                                          timeout_s=timeout_s)
             namespace = inner.base_url  # normalised (no trailing slash)
         else:
-            # lazy: only the executor chosen loads (httpx, tenacity, the llama.cpp runtime)
+            # lazy: only the executor chosen loads (httpx and tenacity for endpoints, the llama.cpp runtime)
             from .fleet import FleetExecutor
 
             inner = FleetExecutor(urls, model, api_key_env=api_key_env, max_concurrency=max_concurrency,
@@ -51,6 +51,7 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
             namespace = inner.namespace  # the sorted URLs: any member may answer any call
     else:
         # no URL: the embedded llama.cpp executor on a bundled model (default SmolLM2) or a local .gguf file
+        # lazy: only the executor chosen loads (httpx and tenacity for endpoints, the llama.cpp runtime)
         from ..bundled_models import BundledModelError, resolve_gguf
         from .embedded import EmbeddedExecutor
 

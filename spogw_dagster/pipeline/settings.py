@@ -537,8 +537,6 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
         d.pop("refinement", None)
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
-    # hashed under the field's old name, so comparisons made before the rename keep their code version
-    d["comparison"]["objectives"] = d["comparison"].pop("methods")
     return d
 
 

@@ -26,7 +26,7 @@ from ..benchmarks import (
 from ..contracts import Problem, SamplingParams
 from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
-from .provenance import EXECUTOR, Provenance
+from .provenance import EXECUTOR, K, Provenance, tokens
 from .template import OPERATORS
 
 SYSTEM = "You are a helpful assistant."
@@ -116,6 +116,7 @@ class Operators:
                     raise OperatorCallError(f"a solution passed to {op}() is too long")
             elif not isinstance(v, str):
                 bound[k] = "" if v is None else str(v)
+                self.provenance.carried(bound[k])  # `test(solution=False)`: the workflow's, whatever a draft holds
             if isinstance(bound[k], str) and len(bound[k]) > self.cfg.max_arg_chars:
                 raise OperatorCallError(f"argument {k!r} of {op}() is longer than {self.cfg.max_arg_chars} chars")
         for v in bound.values():
@@ -165,7 +166,10 @@ class Operators:
         text = await self._chat(
             f"{instruction}\n\nComplete this Python function:\n\n```python\n{self.problem.question}\n```\n\n"
             f"{ANSWER_HINT['code']}")
-        return solution_code(self.problem, text) or text
+        code = solution_code(self.problem, text)
+        if code:
+            self.provenance.derived(code)
+        return code or text
 
     async def op_programmer(self, analysis: str = "") -> str:
         feedback = ""
@@ -229,10 +233,11 @@ class Operators:
         tests = self.problem.public_tests
         if not tests:
             return solution
-        if self.provenance.origin_of(solution_code(self.problem, solution) or solution).origin != EXECUTOR:
-            # A repair of code the executor did not write (a literal, a placeholder) is a generation hidden in
-            # a repair: trained policies learned `test(solution="Write the function.")` while it paid. Handed
-            # back unrepaired (no call), its answer stays the workflow's.
+        scored = solution_code(self.problem, solution) or solution
+        if self.provenance.origin_of(scored).origin != EXECUTOR or len(tokens(scored)) < K:
+            # A repair of code the executor did not write (a literal, a placeholder, a few tokens cut from a
+            # draft) is a generation hidden in a repair: trained policies learned `test(solution="Write the
+            # function.")` while it paid. Handed back unrepaired (no call), its answer stays the workflow's.
             return solution
         current = solution
         for round_ in range(self.cfg.test_fix_rounds + 1):
@@ -249,5 +254,8 @@ class Operators:
                 f"The task:\n\n```python\n{self.problem.question.strip()}\n```\n\n"
                 f"This Python solution fails a test.\n\n```python\n{current}\n```\n\nTests:\n" + "\n".join(tests)
                 + f"\n\nError: {failure}\n\nFix the function so that it does the task. {ANSWER_HINT['code']}")
-            current = solution_code(self.problem, text) or current
+            fixed = solution_code(self.problem, text)
+            if fixed:
+                self.provenance.derived(fixed)
+            current = fixed or current
         return solution  # nothing passed: the fixes are no better than what we were given

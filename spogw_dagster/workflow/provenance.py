@@ -176,10 +176,20 @@ class Provenance:
             if isinstance(t, str):
                 self.workflow.add(tokens(t), keep=lambda g: g not in self.executor)
 
+    def carried(self, text: str) -> None:
+        """Text the workflow made itself (a number or bool it passed, converted to a string by the parent): the
+        workflow's even where the executor happens to have written the same tokens."""
+        self.workflow.add(tokens(text))
+
     def replied(self, text: str) -> None:
         """An executor reply."""
         self.executor.add(tokens(text))
         self._answer_of(text)
+
+    def derived(self, code: str) -> None:
+        """Code the parent assembled from an executor reply and the problem statement (a body-only reply joined to
+        the prompt's signature): the executor's, so windows across the join do not count against it."""
+        self.executor.add(tokens(code))
 
     def _answer_of(self, text: str) -> None:
         if self.extract is not None:  # math / QA: the answer this reply would be scored as

@@ -12,7 +12,7 @@
                                             the last checkpoint against the base model), from the stored rows
 
 Every `spogw` invocation imports this module to build its parser, so each command imports what it runs inside
-its handler: the settings, polars, numpy and dagster would add ~0.8 s (dagster ~2 s more) to every start-up.
+its handler: the settings, numpy and the domain modules would add ~0.8 s, dagster ~2 s more, to every start-up.
 """
 
 from __future__ import annotations

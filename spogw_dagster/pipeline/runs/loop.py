@@ -136,7 +136,6 @@ def run_loop(
 ) -> list[IterationOutcome]:
     """The loop: each iteration one run of the iteration job, executed by `steps` (InProcessSteps, the
     default; container_steps.ContainerSteps runs every step in its own container)."""
-
     # sys.stdout at call time, not at import: a default bound at import writes past whatever replaced it since
     out = out or sys.stdout
     overrides = {**(overrides or {}), **({"iterations": iterations} if iterations is not None else {})}
