@@ -32,7 +32,7 @@ __all__ = ["PROFILES", "HEADLINE_RUN", "get_profile", "profile_names"]
 HEADLINE_RUN = {
     "profile": "answers",
     "command": 'pip install -e ".[qwen05b]" && spogw run --profile answers',
-    "wall": "49 min 28 s on 2 CPU cores, 3.3 GB peak RSS (2026-12-05, run C)",
+    "wall": "68 min 35 s for seed 0 on 2 CPU cores beside other work, 3.4 GB peak RSS (2026-12-05, run E)",
     "where": "README.md, The headline result",
 }
 

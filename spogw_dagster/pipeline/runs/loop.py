@@ -364,7 +364,6 @@ def summary_table(store: AssetStore, iterations: int) -> str:
 
 def headline_pointer(profile: str) -> str:
     """Under any profile but the headline's, where the headline run is and what it costs."""
-
     if profile == h["profile"]:
         return ""
     return (f"the headline run (Qwen2.5-Coder-0.5B as generator and executor, where answers can move): "
