@@ -143,7 +143,7 @@ def run_loop(
     cfg = require(profile, config_file, overrides or None, assets_dir=root)  # what `spogw check` prints
     steps = steps or InProcessSteps()
     with assets_dir_lock(root, steps.command):
-        return _run_loop_locked(dg, cfg, root, config_file, force, out, instance, log_level, steps)
+        return _run_loop_locked(cfg, root, config_file, force, out, instance, log_level, steps)
 
 
 class InProcessSteps:
@@ -166,7 +166,7 @@ class InProcessSteps:
         return ""
 
 
-def _run_loop_locked(dg, cfg, root: Path, config_file, force: bool, out: TextIO, instance,
+def _run_loop_locked(cfg, root: Path, config_file, force: bool, out: TextIO, instance,
                      log_level: str, steps: InProcessSteps) -> list[IterationOutcome]:
     store = AssetStore(root)
     own_instance = instance is None
@@ -352,7 +352,6 @@ def summary_table(store: AssetStore, iterations: int) -> str:
         return "no benchmark_report yet"
     rep = pl.concat(rows, how="diagonal_relaxed")
     split = ", ".join(sorted(set(rep["split"].to_list())))
-
     try:
         head = headline_text(headline(store))
     except ValueError as e:  # e.g. systems scored with other seeds: the table above still stands
@@ -412,10 +411,10 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
         raise ConfigValidationError(f"benchmark_report[{key}] does not exist under {root}: run the loop that far "
                                     f"first (spogw run --iterations {iteration + 1}) or pass --assets-dir")
     with assets_dir_lock(root, "spogw compare"):
-        return _run_comparison_locked(dg, cfg, root, store, key, out, instance)
+        return _run_comparison_locked(cfg, root, store, key, out, instance)
 
 
-def _run_comparison_locked(dg, cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
+def _run_comparison_locked(cfg, root: Path, store: AssetStore, key: str, out: TextIO, instance):
     own = instance is None
     if own:
         ensure_dagster_home(root)
