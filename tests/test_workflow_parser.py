@@ -146,6 +146,39 @@ def test_generator_prompt_ends_with_prefilled_header_and_hides_no_hidden_tests()
     assert "# Task: def f(x): '''Return x.'''" in prompt
 
 
+def test_completion_whose_first_line_carries_the_tokenizers_space_is_read_at_the_bodys_indent():
+    # the prompt prefilled 8 spaces; the first token brought its own (` a`): 9 columns, then 8
+    parsed = parse_workflow(" a = await self.custom(instruction='Solve.')\n        return a\n", "math", completion=True)
+    assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nreturn a")
+    # the extra column also on the next line (9, 9, 8): both 9s come back to 8
+    text = " a = await self.custom(instruction='Solve.')\n         b = a\n        return b\n"
+    parsed = parse_workflow(text, "math", completion=True)
+    assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nb = a\nreturn b")
+
+
+def test_completion_that_parses_as_written_is_kept_as_written():
+    text = " a = await self.custom(instruction='Solve.')\n         return a\n"  # 9 columns throughout
+    parsed = parse_workflow(text, "math", completion=True)
+    assert parsed.code == HEADER + "         a = await self.custom(instruction='Solve.')\n         return a\n"
+
+
+@pytest.mark.parametrize("body, line, keyword", [
+    ("a = await self.custom(instruction='Solve.')\nreturn a\nb = await self.custom(instruction='x')", 5, "return"),
+    ("a = await self.custom(instruction='Solve.')\nif a:\n    return a\n    a = 'x'\nreturn a", 6, "return"),
+    ("a = await self.custom(instruction='Solve.')\nfor i in range(2):\n    break\n    a = 'x'\nreturn a", 6, "break"),
+])
+def test_statements_after_a_jump_in_the_same_block_are_invalid(body, line, keyword):
+    with pytest.raises(WorkflowRejected) as ei:
+        validate(wf(body), "math")
+    assert ei.value.status == Status.INVALID
+    assert f"line {line} never runs" in ei.value.reason and f"`{keyword}`" in ei.value.reason
+
+
+def test_a_return_in_a_branch_does_not_make_the_code_after_the_branch_dead():
+    code = wf("a = await self.custom(instruction='Solve.')\nif a:\n    return a\nreturn 'none'")
+    assert validate(code, "math").operator_call_sites == 1
+
+
 def test_completion_with_broken_trailing_line_is_repaired():
     completion = "a = await self.custom(instruction='Solve.')\n        return a\n        b = (\n"
     parsed = parse_workflow(completion, "math", completion=True)
