@@ -156,6 +156,28 @@ def test_completion_whose_first_line_carries_the_tokenizers_space_is_read_at_the
     assert parsed.code == wf("a = await self.custom(instruction='Solve.')\nb = a\nreturn b")
 
 
+def test_a_deeper_first_line_is_the_models_own_indent_and_is_read_as_written():
+    # 12 columns, then 8: not the tokenizer's one space, so no reading applies and the prefix repair keeps line 1
+    with pytest.raises(WorkflowRejected, match="never returns"):
+        parse_workflow("    a = await self.custom(instruction='Solve.')\n        return a\n", "math", completion=True)
+
+
+def test_a_reading_that_parses_in_full_wins_over_the_prefix_repair():
+    # as written (9, 9, 8, 8) only `a = ...; return a` parses; at 8 columns the whole text does, dead tail and all
+    text = (" a = await self.custom(instruction='Solve.')\n         return a\n"
+            "        b = await self.custom(instruction='x')\n        return b\n")
+    with pytest.raises(WorkflowRejected, match="line 5 never runs"):
+        parse_workflow(text, "math", completion=True)
+
+
+def test_size_limit_counts_the_workflow_not_the_text_after_it():
+    tail = "# Example workflow 5\n" + "x" * 7000  # column 0: ends the workflow, so it is not the workflow's size
+    parsed = parse_workflow("return await self.custom(instruction='Solve.')\n" + tail, "math", completion=True)
+    assert parsed.code == wf("return await self.custom(instruction='Solve.')")
+    with pytest.raises(WorkflowRejected, match="characters; the limit is 6000"):
+        parse_workflow("return await self.custom(instruction='" + "y" * 7000 + "')\n", "math", completion=True)
+
+
 def test_completion_that_parses_as_written_is_kept_as_written():
     text = " a = await self.custom(instruction='Solve.')\n         return a\n"  # 9 columns throughout
     parsed = parse_workflow(text, "math", completion=True)
@@ -166,6 +188,14 @@ def test_completion_that_parses_as_written_is_kept_as_written():
     ("a = await self.custom(instruction='Solve.')\nreturn a\nb = await self.custom(instruction='x')", 5, "return"),
     ("a = await self.custom(instruction='Solve.')\nif a:\n    return a\n    a = 'x'\nreturn a", 6, "return"),
     ("a = await self.custom(instruction='Solve.')\nfor i in range(2):\n    break\n    a = 'x'\nreturn a", 6, "break"),
+    ("a = await self.custom(instruction='Solve.')\ntry:\n    raise ValueError('x')\n    a = 'x'\n"
+     "except ValueError:\n    return a\n    a = 'y'\nreturn a", 6, "raise"),
+    ("a = await self.custom(instruction='Solve.')\ntry:\n    a = a.strip()\nexcept ValueError:\n    return a\n"
+     "    a = 'y'\nreturn a", 8, "return"),
+    ("a = await self.custom(instruction='Solve.')\nwhile a:\n    a = a[1:]\nelse:\n    return a\n    a = 'y'\n"
+     "return a", 8, "return"),
+    ("a = await self.custom(instruction='Solve.')\nfor i in range(2):\n    continue\n    a = 'x'\nreturn a", 6,
+     "continue"),
 ])
 def test_statements_after_a_jump_in_the_same_block_are_invalid(body, line, keyword):
     with pytest.raises(WorkflowRejected) as ei:

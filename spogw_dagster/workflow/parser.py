@@ -125,7 +125,8 @@ def _bound_names(tree: ast.AST) -> set[str]:
 
 def validate(code: str, family: str, limits: ValidationLimits = ValidationLimits()) -> ParsedWorkflow:
     """Check workflow code against the rules; raise WorkflowRejected(INVALID, reason) on the first breach
-    (size, then the class's shape, then every syntax node in `ast.walk` order, then the call sites)."""
+    (size, then the class's shape, then every syntax node in `ast.walk` order, then the call sites, then
+    statements that can never run)."""
     tree, nodes = _parse_bounded(code, limits)
     cls, methods = _workflow_class(tree)
     scope = _Scope.of(tree, nodes, cls, methods, family)
@@ -321,8 +322,9 @@ def parse_workflow(text: str, family: str, *, completion: bool = False,
     if completion:
         if not text or not text.strip():
             raise WorkflowRejected(Status.FORMAT_ERROR, "empty generator output")
-        if len(text) > limits.max_chars:  # before the readings below, which parse the text up to three times
-            raise WorkflowRejected(Status.INVALID, f"workflow is {len(text)} characters; the limit is {limits.max_chars}")
+        cut = _in_class(text)
+        if len(cut) > limits.max_chars:  # before the readings below, which parse it up to three times
+            raise WorkflowRejected(Status.INVALID, f"workflow is {len(cut)} characters; the limit is {limits.max_chars}")
         code = _completion_code(text)
     else:
         code = extract_code(text)
@@ -349,11 +351,12 @@ def _completion_code(text: str) -> str:
     (` solution`), so the first line often lands one column right of the lines after it (measured: 255 of 256
     T = 1.0 completions of Qwen2.5-Coder-0.5B began with a space; 26 of them failed to parse for that alone).
     That space is the tokenizer's, not the model's choice of block: where the text as written does not parse,
-    the first line's extra indent is dropped, and then also from every later line that carries it."""
+    the first line's one extra column is dropped, and then also from every later line that carries it. Deeper
+    first lines are the model's own indentation (never seen in 512 samples) and are read as written."""
     first = text.split("\n", 1)[0]
     extra = len(first) - len(first.lstrip(" "))
     readings = [text]
-    if extra:
+    if extra == 1:
         readings.append(text.lstrip(" "))
         pad = " " * (8 + extra)
         rest = text.split("\n")[1:]
