@@ -4,6 +4,7 @@ over training seeds, by hand."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import polars as pl
@@ -110,15 +111,19 @@ def test_run_seeds_runs_one_loop_per_seed_and_summarises(tmp_path, monkeypatch):
     calls = []
 
     def fake_loop(profile, config_file, iterations, assets_dir, *, force, out, log_level, overrides):
-        calls.append((Path(assets_dir), overrides))
+        calls.append((Path(assets_dir), overrides, loop.ensure_dagster_home(Path(assets_dir))))
         s = overrides["generator"]["seed"]
         _store(Path(assets_dir), [1, 1, 1, 1] if s == 0 else [1, 1, 0, 0])
         return [loop.IterationOutcome("0000", "ok")]
 
     monkeypatch.setattr(loop, "run_loop", fake_loop)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
     out = io.StringIO()
     loop.run_seeds("ci", None, 1, tmp_path, [0, 1], out=out)
     assert [c[0].name for c in calls] == ["seed-0", "seed-1"]
+    # each seed's runs in its own instance (the loop sets DAGSTER_HOME; the next seed must not inherit it)
+    assert [c[2] for c in calls] == [tmp_path.resolve() / "seed-0" / ".dagster", tmp_path.resolve() / "seed-1" / ".dagster"]
+    assert "DAGSTER_HOME" not in os.environ
     assert {c[1]["executor"]["cache_file"] for c in calls} == {str(tmp_path.resolve() / "call_cache.sqlite")}
     t = pl.read_parquet(tmp_path / "seeds_summary.parquet")
     agg = t.filter(pl.col("seed").is_null() & (pl.col("against") == "base")).row(0, named=True)

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
 from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
 from spogw_dagster.pipeline.defs.wiring import definitions_from_env
-from spogw_dagster.pipeline.runs.loop import run_loop
+from spogw_dagster.pipeline.runs.loop import restored_environ, run_loop
 from spogw_dagster.sandboxing import images
 from spogw_dagster.sandboxing.engine import DockerUnavailableError, docker, last_line
 from spogw_dagster.sandboxing.images import ImageSpec, host_skeleton
@@ -180,20 +180,6 @@ def _removing_containers(remove: bool):
             remove_step_containers(os.getpid())
 
 
-@contextlib.contextmanager
-def _restored_environ(*keys: str):
-    """The environment variables `keys` as they were before, however the block ends."""
-    saved = {k: os.environ.get(k) for k in keys}
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class ContainerSteps:
     """How the loop executes an iteration's run with every step in its own container: the iteration job of the
     code location `MODULE` (built from the environment this sets: SPOGW_STEP_EXECUTOR=docker, the assets
@@ -209,7 +195,7 @@ class ContainerSteps:
     @contextlib.contextmanager
     def session(self, cfg, root: Path, config_file, say):
         # the step containers read these; the caller's environment is restored after
-        with _restored_environ(ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE"):
+        with restored_environ(ENV_SWITCH, "SPOGW_ASSETS_DIR", "SPOGW_CONFIG", "SPOGW_PROFILE"):
             os.environ.update({ENV_SWITCH: "docker", "SPOGW_ASSETS_DIR": str(root)})
             if config_file:
                 os.environ["SPOGW_CONFIG"] = str(Path(config_file).resolve())
@@ -252,7 +238,7 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     remove_step_containers)."""
     steps = ContainerSteps(keep_containers)
     # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
-    with _restored_environ("DAGSTER_HOME"):
+    with restored_environ("DAGSTER_HOME"):
         outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
     return [{"key": o.key, "status": o.status, "wall_s": o.wall_s, "run_id": o.run_id,
              "containers": steps.containers.get(o.key, [])} for o in outcomes]

@@ -59,6 +59,20 @@ telemetry:
 """
 
 
+@contextlib.contextmanager
+def restored_environ(*keys: str):
+    """The environment variables `keys` as they were before, however the block ends."""
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def ensure_dagster_home(assets_dir: Path) -> Path:
     """$DAGSTER_HOME if set, else <assets>/.dagster (created with INSTANCE_YAML)."""
     home = os.environ.get("DAGSTER_HOME")
@@ -381,8 +395,11 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
     per_seed: dict[int, list] = {}
     for s in seeds:
         print(f"=== training seed {s} ===", file=out, flush=True)
-        o = run_loop(profile, config_file, iterations, root / f"seed-{s}", force=force, out=out, log_level=log_level,
-                     overrides=seed_overrides(s, root / "call_cache.sqlite"))
+        # each seed its own Dagster instance (<seed>/.dagster) unless the caller chose one: the loop points
+        # DAGSTER_HOME at the first seed's, and the next seed's runs would land there
+        with restored_environ("DAGSTER_HOME"):
+            o = run_loop(profile, config_file, iterations, root / f"seed-{s}", force=force, out=out,
+                         log_level=log_level, overrides=seed_overrides(s, root / "call_cache.sqlite"))
         outcomes += o
         if any(x.status == "failed" for x in o):
             break
