@@ -352,7 +352,7 @@ def _completion_code(text: str) -> str:
     T = 1.0 completions of Qwen2.5-Coder-0.5B began with a space; 26 of them failed to parse for that alone).
     That space is the tokenizer's, not the model's choice of block: where the text as written does not parse,
     the first line's one extra column is dropped, and then also from every later line that carries it. Deeper
-    first lines are the model's own indentation (never seen in 512 samples) and are read as written."""
+    first lines are the model's own indentation (never seen in 256 samples) and are read as written."""
     first = text.split("\n", 1)[0]
     extra = len(first) - len(first.lstrip(" "))
     readings = [text]
