@@ -102,21 +102,27 @@ def test_parse_seeds():
 
 
 def test_run_seeds_runs_one_loop_per_seed_and_summarises(tmp_path, monkeypatch):
-    """run_seeds' own logic (directories, overrides, the summary), with the loop itself replaced by one that
-    writes each seed's held-out rows: the loop is tested end to end in test_pipeline_e2e."""
+    """run_seeds' own logic (directories, overrides, each seed's Dagster instance, the summary), with the loop's
+    iterations replaced by ones that write each seed's held-out rows: the loop is tested end to end in
+    test_pipeline_e2e."""
     import io
 
     from spogw_dagster.pipeline.runs import loop
 
     calls = []
 
-    def fake_loop(profile, config_file, iterations, assets_dir, *, force, out, log_level, overrides):
-        calls.append((Path(assets_dir), overrides, loop.ensure_dagster_home(Path(assets_dir))))
-        s = overrides["generator"]["seed"]
-        _store(Path(assets_dir), [1, 1, 1, 1] if s == 0 else [1, 1, 0, 0])
+    from spogw_dagster.pipeline.settings import load_config
+
+    def fake_locked(cfg, root, config_file, force, out, instance, log_level, steps):
+        # run_loop itself runs (config, lock, environment); only its iterations are replaced
+        calls.append((Path(root), {"executor": {"cache_file": cfg.executor.cache_file}},
+                      loop.ensure_dagster_home(Path(root))))
+        _store(Path(root), [1, 1, 1, 1] if cfg.generator.seed == 0 else [1, 1, 0, 0])
         return [loop.IterationOutcome("0000", "ok")]
 
-    monkeypatch.setattr(loop, "run_loop", fake_loop)
+    monkeypatch.setattr(loop, "require", lambda profile, config_file, overrides, **kw:
+                        load_config(profile, config_file, overrides))
+    monkeypatch.setattr(loop, "_run_loop_locked", fake_locked)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     out = io.StringIO()
     loop.run_seeds("ci", None, 1, tmp_path, [0, 1], out=out)

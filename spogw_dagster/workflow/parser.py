@@ -322,10 +322,7 @@ def parse_workflow(text: str, family: str, *, completion: bool = False,
     if completion:
         if not text or not text.strip():
             raise WorkflowRejected(Status.FORMAT_ERROR, "empty generator output")
-        cut = _in_class(text)
-        if len(cut) > limits.max_chars:  # before the readings below, which parse it up to three times
-            raise WorkflowRejected(Status.INVALID, f"workflow is {len(cut)} characters; the limit is {limits.max_chars}")
-        code = _completion_code(text)
+        code = _completion_code(text, limits)
     else:
         code = extract_code(text)
     if len(code) > limits.max_chars:  # before the repair loop, which parses many prefixes
@@ -344,7 +341,7 @@ def _in_class(body: str) -> str:
     return "\n".join(lines[:end]).rstrip() + "\n"
 
 
-def _completion_code(text: str) -> str:
+def _completion_code(text: str, limits: ValidationLimits) -> str:
     """The workflow a completion means, read as written when that parses.
 
     The prompt ends with the body's 8 spaces, and a BPE tokenizer gives the first word its own leading space
@@ -353,19 +350,18 @@ def _completion_code(text: str) -> str:
     That space is the tokenizer's, not the model's choice of block: where the text as written does not parse,
     the first line's one extra column is dropped, and then also from every later line that carries it. Deeper
     first lines are the model's own indentation (never seen in 256 samples) and are read as written."""
-    first = text.split("\n", 1)[0]
-    extra = len(first) - len(first.lstrip(" "))
-    readings = [text]
-    if extra == 1:
-        readings.append(text.lstrip(" "))
-        pad = " " * (8 + extra)
-        rest = text.split("\n")[1:]
-        readings.append("\n".join([first[extra:]] + [ln[extra:] if ln.startswith(pad) else ln for ln in rest]))
-    for body in readings:
-        code = _in_class(body)
+    written = _in_class(text)
+    if len(written) > limits.max_chars:  # before the readings below, which parse up to three of them
+        raise WorkflowRejected(Status.INVALID, f"workflow is {len(written)} characters; the limit is {limits.max_chars}")
+    readings = [written]
+    if text.startswith(" ") and not text.startswith("  "):  # the first line one column right
+        first, *rest = text.split("\n")
+        readings.append(_in_class(text[1:]))
+        readings.append(_in_class("\n".join([first[1:]] + [ln[1:] if ln.startswith(" " * 9) else ln for ln in rest])))
+    for code in readings:
         try:
             ast.parse(code)
             return code
         except (SyntaxError, RecursionError, MemoryError, ValueError):
             continue
-    return _in_class(text)  # none parses: the prefix repair decides, on the text as written
+    return written  # none parses: the prefix repair decides, on the text as written

@@ -237,9 +237,7 @@ def run_loop_in_containers(profile: str | None = None, config_file: str | None =
     (_Reaper) and at the end of each iteration, unless keep_containers (then the caller removes them:
     remove_step_containers)."""
     steps = ContainerSteps(keep_containers)
-    # the loop points DAGSTER_HOME at the assets directory's instance: the caller's is restored
-    with restored_environ("DAGSTER_HOME"):
-        outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
+    outcomes = run_loop(profile, config_file, iterations, assets_dir, force=force, out=out, steps=steps)
     return [{"key": o.key, "status": o.status, "wall_s": o.wall_s, "run_id": o.run_id,
              "containers": steps.containers.get(o.key, [])} for o in outcomes]
 

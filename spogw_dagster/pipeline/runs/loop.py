@@ -156,7 +156,9 @@ def run_loop(
     root = Path(assets_dir).expanduser().resolve() if assets_dir else default_assets_dir()
     cfg = require(profile, config_file, overrides or None, assets_dir=root)  # what `spogw check` prints
     steps = steps or InProcessSteps()
-    with assets_dir_lock(root, steps.command):
+    # the run points DAGSTER_HOME at its instance (ensure_dagster_home); the caller's comes back after, so a
+    # later loop in this process (the next seed, another assets directory) gets its own
+    with assets_dir_lock(root, steps.command), restored_environ("DAGSTER_HOME"):
         return _run_loop_locked(cfg, root, config_file, force, out, instance, log_level, steps)
 
 
@@ -395,11 +397,8 @@ def run_seeds(profile: str | None, config_file: str | None, iterations: int | No
     per_seed: dict[int, list] = {}
     for s in seeds:
         print(f"=== training seed {s} ===", file=out, flush=True)
-        # each seed its own Dagster instance (<seed>/.dagster) unless the caller chose one: the loop points
-        # DAGSTER_HOME at the first seed's, and the next seed's runs would land there
-        with restored_environ("DAGSTER_HOME"):
-            o = run_loop(profile, config_file, iterations, root / f"seed-{s}", force=force, out=out,
-                         log_level=log_level, overrides=seed_overrides(s, root / "call_cache.sqlite"))
+        o = run_loop(profile, config_file, iterations, root / f"seed-{s}", force=force, out=out, log_level=log_level,
+                     overrides=seed_overrides(s, root / "call_cache.sqlite"))
         outcomes += o
         if any(x.status == "failed" for x in o):
             break
@@ -427,7 +426,7 @@ def run_comparison(profile: str | None, config_file: str | None, iteration: int,
     if not store.exists("benchmark_report", key):
         raise ConfigValidationError(f"benchmark_report[{key}] does not exist under {root}: run the loop that far "
                                     f"first (spogw run --iterations {iteration + 1}) or pass --assets-dir")
-    with assets_dir_lock(root, "spogw compare"):
+    with assets_dir_lock(root, "spogw compare"), restored_environ("DAGSTER_HOME"):
         return _run_comparison_locked(cfg, root, store, key, out, instance)
 
 
