@@ -48,3 +48,15 @@ def test_anchored_examples_are_valid_return_no_constant_and_count_as_near_copies
             ret = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Return)][-1]
             assert not isinstance(ret.value, ast.Constant)
             assert copied_from(code, family) is not None
+
+
+def test_a_comment_at_column_0_ends_the_generated_body_and_an_indented_one_does_not():
+    # run F: most completions went on past the body with "# Example workflow 5 ..."; those tokens must end the
+    # sample (the sampler keeps the tokens up to the stop, so training teaches the stop) rather than be trained on
+    from spogw_dagster.core.inference.sampling import _cut_at_stop
+    from spogw_dagster.workflow.template import GENERATOR_STOP
+
+    body = ("a = await self.code_generate(instruction='Solve.')\n        # check it on the examples\n"
+            "        return await self.test(solution=a)")
+    assert _cut_at_stop(body + "\n# Example workflow 5 (built from\nclass Workflow:", GENERATOR_STOP) == (body, "\n#")
+    assert _cut_at_stop(body, GENERATOR_STOP) == (body, None)

@@ -52,6 +52,24 @@ async def test_each_call_gets_its_own_seed_and_reruns_repeat_them(iso):
     assert seeds[:2] == seeds[2:]  # a rerun asks for exactly the same calls (cache hits)
 
 
+async def test_the_run_seed_leaves_the_workflow_out_so_workflows_share_draws(iso):
+    # Common random numbers: the k-th call of any workflow on one query and seed draws with one seed, so a
+    # re-indented copy or a longer structure sharing a first call pairs with the other on that call.
+    ex = ScriptedExecutor()
+    one = wf("return await self.custom(instruction='x')")
+    three = "class Workflow:\n  async def run(self):\n" + "".join(
+        "    " + line + "\n" for line in ["a = await self.custom(instruction='x')",
+                                          "b = await self.custom(instruction='y')", "return a + b"])
+    await execute_workflow(one, MATH, ex, iso, limits=FAST, seed=5)
+    await execute_workflow(three, MATH, ex, iso, limits=FAST, seed=5)
+    await execute_workflow(one, MATH, ex, iso, limits=FAST, seed=6)
+    await execute_workflow(one, Problem("gsm8k", "q2", "What is 6 times 8?", answer="48", family="math"), ex, iso,
+                           limits=FAST, seed=5)
+    s = [p.seed for _, p in ex.calls]
+    assert s[0] == s[1] and s[2] != s[1]  # same position, same seed; the next position draws anew
+    assert s[3] != s[0] and s[4] != s[0]  # another executor seed or another query is another draw
+
+
 async def test_bad_operator_arguments_become_exceptions_inside_the_workflow(iso):
     code = wf("try:\n    await self.sc_ensemble(solutions=[])\nexcept OperatorError:\n    pass\n"
               "return await self.custom(instruction='ok')")

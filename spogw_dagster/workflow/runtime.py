@@ -126,7 +126,10 @@ async def execute_workflow(
     code_family = problem.family == "code"
     prov = Provenance(workflow_literals(code), problem.question if code_family else None,
                       extract=None if code_family else functools.partial(scored_text, problem))
-    ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id, code),
+    # The run seed leaves the workflow out (common random numbers): the k-th executor call of any workflow on this
+    # query and seed draws with the same seed, so two workflows that send the same prompt get the same reply, a
+    # group's scores differ by structure rather than by the executor's luck, and a re-indented copy pairs exactly.
+    ops = Operators(problem, metered, iso, op_cfg, derive_seed(seed, problem.benchmark, problem.id),
                     operator_names(problem.family), prov)
     script = str(runner or runner_path())
     inside, binds = iso.runner(script)

@@ -147,8 +147,10 @@ ANCHORED_DOCS: dict[str, str] = {
 }
 
 WORKFLOW_HEADER = "class Workflow:\n    async def run(self):\n"
-# The generator's completion is cut here: the next example would start with this line.
-GENERATOR_STOP = ("\nclass ", "\n# Task", "\n```", "\n\n\n")
+# The generator's completion is cut here: the next example would start with this line. Any comment at column 0
+# ends the workflow's body: 37 of run F's 54 valid completions (before this stop) went on past the body with
+# "# Example workflow 5 ...", tokens the trainer credited with the workflow's advantage and the sampler paid for.
+GENERATOR_STOP = ("\nclass ", "\n#", "\n```", "\n\n\n")
 
 
 def operator_names(family: str) -> tuple[str, ...]:
