@@ -342,6 +342,21 @@ class ReportSection(_Section):
         return self
 
 
+class SelectionSection(_Section):
+    """Checkpoint selection on the validation split, as AFlow and ScoreFlow pick on validation (off by default).
+    After iteration k trains, the trained adapter and π_{k-1} each write one greedy workflow per validation query,
+    run with executor seed `seed` (`runs` runs each, the mean; None: report.runs, else execution.runs). The
+    adapter becomes checkpoint k only if its paired answer score minus π_{k-1}'s is at least `min_delta`;
+    otherwise π_{k-1} is carried forward as checkpoint k and the trained adapter stays beside it as
+    `lora_checkpoint/<k>.trained` (a rerun reuses it; `spogw gc` keeps it while partition k exists). The trainer
+    never sees this section: turning it on or off does not retrain."""
+
+    enabled: bool = False
+    min_delta: float = Field(0.0, ge=-1.0, le=1.0)
+    runs: int | None = Field(None, ge=1, le=16)
+    seed: int = 0
+
+
 class RefinementSection(_Section):
     """W4S's multi-turn optimisation (`pipeline/domain/refinement.py`). With turns = T > 1, sampled_workflows samples m
     candidates per query (turn 0); a candidate that does not parse gets up to `repairs` repair attempts (W4S's
@@ -434,6 +449,7 @@ class SpogwConfig(BaseModel):
     loop: LoopSection = LoopSection()
     comparison: ComparisonSection = ComparisonSection()
     refinement: RefinementSection = RefinementSection()
+    selection: SelectionSection = SelectionSection()
 
     @model_validator(mode="after")
     def _cross(self) -> "SpogwConfig":
@@ -526,6 +542,8 @@ def asset_sections(cfg: SpogwConfig, asset: str) -> tuple[str, ...]:
     """The sections `asset` reads under `cfg`: with refinement on, sampling also runs workflows for feedback."""
     if asset == "sampled_workflows" and cfg.refinement.enabled:
         return ASSET_SECTIONS[asset] + ("executor", "execution", "reward")
+    if asset == "lora_checkpoint" and cfg.selection.enabled:  # the gate runs the executor on validation
+        return ASSET_SECTIONS[asset] + ("selection", "benchmark", "executor", "execution", "reward")
     return ASSET_SECTIONS[asset]
 
 
@@ -535,6 +553,8 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
     d = cfg.canonical()
     if not cfg.refinement.enabled:
         d.pop("refinement", None)
+    if not cfg.selection.enabled:  # the same for selection: earlier configs keep their hashes
+        d.pop("selection", None)
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
     return d

@@ -47,8 +47,9 @@ from spogw_dagster.pipeline.data.storage import TABLES, AssetStore
 
 log = logging.getLogger(__name__)
 
-#: Side tables written by an asset module besides those `storage.TABLES` names (training_rows: lora_checkpoint).
-EXTRA_SIDE_TABLES = ("training_rows",)
+#: Side tables written by an asset module besides those `storage.TABLES` names (both lora_checkpoint's:
+#: training_rows, and selection_results when checkpoint selection is on).
+EXTRA_SIDE_TABLES = ("training_rows", "selection_results")
 #: Every table that gets a view (when it has partitions).
 CATALOG_TABLES = TABLES + tuple(t for t in EXTRA_SIDE_TABLES if t not in TABLES)
 

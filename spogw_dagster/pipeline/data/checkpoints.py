@@ -37,6 +37,8 @@ from spogw_dagster.models import load_model_and_tokenizer, resolve_model
 from spogw_dagster.pipeline.data.iteration_keys import key_to_int, previous_key
 from spogw_dagster.pipeline.data.storage import AssetStore
 
+TRAINED_SUFFIX = ".trained"
+
 
 class MissingCheckpointError(RuntimeError):
     """The previous iteration's checkpoint is not there: iteration k cannot sample from π_{k-1}."""
@@ -114,8 +116,6 @@ def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | 
                   reason: str) -> dict[str, Any]:
     """Write the parent's adapter (or an identity LoRA at k = 0) to `out`; returns its stats."""
     out = Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     stats: dict[str, Any] = {
         "trained": False, "reason": reason, "previous_adapter": str(parent) if parent else None,
         "config": tcfg.to_dict(), "steps": [], "summary": {"optimizer_steps": 0},
@@ -124,15 +124,30 @@ def carry_forward(out: str | os.PathLike[str], parent: str | os.PathLike[str] | 
     if parent is None:  # the trainer's own fresh LoRA (B = 0) and its atomic save
         _identity_adapter(out, tcfg, base_model, stats)
         return stats
+    copy_adapter(parent, out, stats)
+    return stats
+
+
+def copy_adapter(src: str | os.PathLike[str], out: str | os.PathLike[str], stats: dict[str, Any] | None = None) -> None:
+    """Copy the adapter folder `src` to `out` atomically; with `stats`, the copy's training_stats.json is `stats`."""
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        shutil.copytree(parent, tmp)
-        (tmp / STATS_FILE).unlink(missing_ok=True)
-        (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
+        shutil.copytree(src, tmp)
+        if stats is not None:
+            (tmp / STATS_FILE).unlink(missing_ok=True)
+            (tmp / STATS_FILE).write_text(json.dumps(stats, indent=2))
         replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return stats
+
+
+def trained_dir(store: AssetStore, partition: str) -> Path:
+    """Where iteration `partition` trains when checkpoint selection is on: beside its checkpoint folder, so a
+    rejected adapter is kept (and a rerun reuses it) while the parent is carried forward as the checkpoint."""
+    return store.adapter_dir(partition).with_name(partition + TRAINED_SUFFIX)
 
 
 def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -> None:

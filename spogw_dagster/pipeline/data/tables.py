@@ -274,6 +274,11 @@ CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {
     "train_seconds": pl.Float64(),
     "run_hash": pl.String(),
     "objective": pl.String(),
+    # checkpoint selection (`selection.enabled`; null when off): whether the trained adapter became this
+    # checkpoint (False: π_{k-1} carried forward), and both greedy validation answer scores it was judged on
+    "selected": pl.Boolean(),
+    "validation_answer": pl.Float64(),
+    "validation_parent_answer": pl.Float64(),
 }
 
 

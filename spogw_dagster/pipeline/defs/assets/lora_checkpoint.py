@@ -17,13 +17,15 @@ import polars as pl
 from spogw_dagster.core.training.launch import fit_adapter
 from spogw_dagster.pipeline.data import tables, training_inputs
 from spogw_dagster.pipeline.data.catalog import refresh_catalog
-from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, carry_forward
+from spogw_dagster.pipeline.data.checkpoints import adapter_sha256, carry_forward, copy_adapter, trained_dir
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.plots import curve
 from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain import heldout as ho
+from spogw_dagster.pipeline.domain import selection
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
 NAME = "lora_checkpoint"
@@ -33,6 +35,7 @@ DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objectiv
                "sharpened groups, or for score_dpo / rwr on the candidates their papers keep (ScoreFlow's pairs of "
                "workflows that ran, on the answer; W4S's weighted candidates that ran and scored above 0.05), continuing from lora_checkpoint(k-1). Side table: training_rows.")
 TRAINING_ROWS = "training_rows"
+SELECTION_RESULTS = "selection_results"  # the validation gate's per-query rows (heldout_results' columns)
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
@@ -51,15 +54,45 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     examples, used = training_inputs.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
                                           tcfg.objective_config(), key_to_int(key))
     out = store.adapter_dir(key)
-    stats, reused = _train_or_carry(context, cfg, examples, out, parent)
+    gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
+    stats, reused = _train_or_carry(context, cfg, examples, trained_dir(store, key) if gated else out, parent)
+    verdict = _select(context, pipeline, key, parent) if gated else None
     write_training_rows(store, key, used)  # after the adapter: a kill mid-training leaves neither
-    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective)
+    row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective, verdict)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
-                                 "training_rows": dg.MetadataValue.json(_rows_summary(used))})
-    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
-                 f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
-                 + (" (identical earlier run reused)" if reused else "") + f", {time.monotonic() - t0:.1f} s")
+                                 "training_rows": dg.MetadataValue.json(_rows_summary(used)),
+                                 **({"selection": dg.MetadataValue.json(verdict.as_dict())} if verdict else {})})
+    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, {row['optimizer_steps']} steps, last loss {row['last_loss']}"
+                 + (" (identical earlier run reused)" if reused else "")
+                 + ("" if verdict is None else "; " + ("kept" if verdict.keep else "not kept: parent carried forward"))
+                 + f", {time.monotonic() - t0:.1f} s")
     return tables.checkpoint_frame(row)
+
+
+def _select(context, pipeline: PipelineResource, key: str, parent) -> selection.Verdict:
+    """The validation gate: the trained adapter (in `<key>.trained`) against π_{k-1}; copy it to the checkpoint
+    folder if kept, else carry π_{k-1} forward there. The per-query rows go to the `selection_results` table."""
+    cfg, store, k = pipeline.config(), pipeline.store(), key_to_int(key)
+    trained, out = trained_dir(store, key), store.adapter_dir(key)
+    cand = ho.Policy(f"trained@{key}", "checkpoint", trained, k, adapter_sha256(trained))
+    prev = (ho.Policy("base", "previous") if parent is None else
+            ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256))
+    with failures.as_failure():
+        report, scored, n = selection.score_validation(pipeline, cand, prev, cfg, iteration=k,
+                                                       say=lambda m: say(context, m))
+    failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
+                            cache_path=pipeline.cache_path())
+    with failures.as_failure():
+        verdict = selection.verdict_of(report, cfg.selection.min_delta, n)
+    store.write_parquet(SELECTION_RESULTS, key, scored.heldout)
+    refresh_catalog(store)
+    say(context, verdict.sentence(prev.system))
+    if verdict.keep:
+        copy_adapter(trained, out)
+    else:
+        carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model,
+                      reason=verdict.sentence(prev.system))
+    return verdict
 
 
 def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
@@ -99,7 +132,7 @@ def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[di
 
 
 def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examples: int,
-         objective: str) -> dict[str, Any]:
+         objective: str, verdict: selection.Verdict | None = None) -> dict[str, Any]:
     summary = stats.get("summary", {})
     steps = stats.get("steps", [])
     return {
@@ -111,6 +144,9 @@ def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examp
         "first_loss": summary.get("first_loss"), "last_loss": summary.get("last_loss"),
         "loss_curve": training_inputs.step_curve(steps, "loss"), "kl_curve": training_inputs.step_curve(steps, "kl"),
         "train_seconds": summary.get("train_seconds"), "run_hash": stats.get("run_hash"), "objective": objective,
+        "selected": None if verdict is None else verdict.keep,
+        "validation_answer": None if verdict is None else verdict.candidate,
+        "validation_parent_answer": None if verdict is None else verdict.parent,
     }
 
 

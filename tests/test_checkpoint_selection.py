@@ -1,0 +1,147 @@
+"""Checkpoint selection on the validation split (`selection`): the rule, the config it runs under, its hash
+contract, `spogw gc`, and (with the bundled model) the lora_checkpoint asset keeping or refusing a trained
+adapter through a real Dagster run."""
+
+from __future__ import annotations
+
+import json
+
+
+import dagster as dg
+import pytest
+
+from spogw_dagster.contracts import Status
+from spogw_dagster.evaluation import EvalResult
+from spogw_dagster.core.rewards import Ladder
+from spogw_dagster.pipeline.data import report_stats, tables
+from spogw_dagster.pipeline.data.checkpoints import TRAINED_SUFFIX
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.domain import selection
+from spogw_dagster.pipeline.domain.errors import DomainError
+from spogw_dagster.pipeline.runs.cleanup import find_garbage
+from spogw_dagster.pipeline.settings import load_config, section_hash
+
+LADDER = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+WF = "class Workflow:\n    async def run(self):\n        return await self.code_generate(instruction='x')\n"
+
+
+def test_the_rule_keeps_a_tie_and_a_gain_and_refuses_a_loss():
+    assert selection.decide(0.0, 0.0)
+    assert selection.decide(1 / 16, 0.0)
+    assert not selection.decide(-1 / 16, 0.0)
+    assert not selection.decide(1 / 16, 0.1)  # 0.0625 is below a required gain of 0.1
+    assert selection.decide(0.3 - 0.2, 0.1)  # 0.09999999999999998: a float tie still counts as reaching it
+
+
+def _row(system, kind, q, status, score):
+    hs = tables.HeldoutSample(system, kind, "greedy", q, 0, 5, 0, 0.0, "ok", WF, "stop", 12, None, None)
+    res = EvalResult("humaneval", q, status, score, run_statuses=[status.value], run_scores=[score],
+                     error="" if status == Status.OK else "why")
+    return tables.heldout_row(0, "validation", hs, res, LADDER)
+
+
+def _report(rows):
+    return report_stats.summarize_heldout(tables.heldout_frame(rows), iteration=0, config_hash="h",
+                                          split_ids_sha256="s", resamples=200, seed=0)
+
+
+def test_the_verdict_pairs_queries_and_leaves_executor_errors_out():
+    cand, prev = ("trained@0000", "checkpoint"), ("base", "previous")
+    rows = [_row(*cand, "a", Status.OK, 1.0), _row(*prev, "a", Status.OK, 0.0),
+            _row(*cand, "b", Status.OK, 0.0), _row(*prev, "b", Status.OK, 0.0),
+            _row(*cand, "c", Status.OK, 0.0), _row(*prev, "c", Status.OK, 1.0),
+            _row(*cand, "d", Status.OK, 1.0), _row(*prev, "d", Status.OK, 0.0),
+            # the executor failed on the parent's run of e: not a pair, not a score
+            _row(*cand, "e", Status.OK, 0.0), _row(*prev, "e", Status.EXECUTOR_ERROR, 0.0)]
+    v = selection.verdict_of(_report(rows), 0.0, 5)
+    # pairs a..d: candidate 2/4 against the parent's 1/4, Δ = (1 + 0 - 1 + 1) / 4
+    assert v.delta == pytest.approx(0.25) and v.keep
+    assert v.parent == pytest.approx(0.25)
+    assert not selection.verdict_of(_report(rows), 0.3, 5).keep
+    worse = [_row(*cand, "a", Status.OK, 0.0), _row(*prev, "a", Status.OK, 1.0),
+             _row(*cand, "b", Status.OK, 1.0), _row(*prev, "b", Status.OK, 1.0)]
+    v = selection.verdict_of(_report(worse), 0.0, 2)
+    assert v.delta == pytest.approx(-0.5) and not v.keep
+    assert "carried forward" in v.sentence("base")
+
+
+def test_no_pair_is_an_error_that_says_so_not_a_verdict():
+    rows = [_row("trained@0000", "checkpoint", "a", Status.OK, 1.0),
+            _row("base", "previous", "a", Status.EXECUTOR_ERROR, 0.0)]
+    with pytest.raises(DomainError, match="executor error"):
+        selection.verdict_of(_report(rows), 0.0, 1)
+
+
+def test_the_gate_measures_greedy_validation_with_its_own_seed_and_runs():
+    cfg = load_config("answers", overrides={"selection": {"enabled": True, "seed": 7, "runs": 3},
+                                            "report": {"samples": 4, "baselines": ["io", "cot"]}})
+    v = selection.validation_config(cfg)
+    assert (v.report.split, v.report.greedy, v.report.samples, v.report.baselines) == ("validation", True, 0, [])
+    assert (v.report.seed, v.report.runs) == (7, 3)
+    assert cfg.report.split == "test" and cfg.report.samples == 4  # the report itself is untouched
+    unset = load_config("answers", overrides={"selection": {"enabled": True}, "report": {"runs": 2}})
+    assert selection.validation_config(unset).report.runs == 2
+
+
+def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
+    off, on = load_config("answers"), load_config("answers", overrides={"selection": {"enabled": True}})
+    explicit_off = load_config("answers", overrides={"selection": {"enabled": False, "min_delta": 0.5}})
+    assert explicit_off.hash == off.hash  # off: the section is not hashed, so older assets stay valid
+    assert on.hash != off.hash
+    assert section_hash(on, "lora_checkpoint") != section_hash(off, "lora_checkpoint")
+    for asset in ("sampled_workflows", "execution_scores", "screened_groups", "benchmark_report"):
+        assert section_hash(on, asset) == section_hash(off, asset)
+    assert on.train_config().identity() == off.train_config().identity()  # the trainer never sees it: no retraining
+
+
+def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):
+    store = AssetStore(tmp_path)
+    ck = store.table_dir("lora_checkpoint")
+    for name in ("0000", "0000" + TRAINED_SUFFIX, "0001" + TRAINED_SUFFIX):
+        (ck / name).mkdir(parents=True)
+    store.write_parquet("lora_checkpoint", "0000", tables.checkpoint_frame({"iteration": 0}))
+    assert [p.name for p in find_garbage(store).adapters] == ["0001" + TRAINED_SUFFIX]
+
+
+@pytest.mark.model
+def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
+    """ci profile, iteration 0, through the Dagster job: with min_delta 1 (a gain no policy can show unless
+    the parent scores 0 and the adapter 1 on every query) π_{k-1} goes on; with min_delta -1 (any adapter) the
+    same trained adapter, reused, becomes the checkpoint."""
+    from spogw_dagster.pipeline.data.catalog import query
+    from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
+    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+    from spogw_dagster.pipeline.defs.sensors import JOB_NAME
+    from spogw_dagster.pipeline.defs.wiring import build_definitions
+
+    store = AssetStore(tmp_path / "assets")
+    trained = store.adapter_dir("0000").with_name("0000" + TRAINED_SUFFIX)
+    home = tmp_path / "home"
+    home.mkdir()
+
+    def run(inst, min_delta, only=None):
+        over = {"benchmark": {"validation_queries": 2}, "selection": {"enabled": True, "min_delta": min_delta}}
+        job = build_definitions("ci", assets_dir=store.root, overrides=over).resolve_job_def(JOB_NAME)
+        res = job.execute_in_process(partition_key="0000", instance=inst, asset_selection=only, raise_on_error=False)
+        assert res.success, [e.message for e in res.all_events if e.is_failure]
+        return store.read_parquet("lora_checkpoint", "0000").row(0, named=True)
+
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
+        refused = run(inst, 1.0)
+        stats = json.loads((store.adapter_dir("0000") / "training_stats.json").read_text())
+        kept = run(inst, -1.0, only=[dg.AssetKey("lora_checkpoint")])
+        after_kept = adapter_sha256(store.adapter_dir("0000"))
+
+    assert refused["trained"] and refused["selected"] is False
+    assert stats["trained"] is False and "carried forward" in stats["reason"]
+    assert refused["validation_answer"] - refused["validation_parent_answer"] < 1.0
+    # the refused run's checkpoint was the carried-forward parent (at k = 0 a zero-B LoRA), not the trained adapter
+    assert refused["adapter_sha256"] != adapter_sha256(trained)
+    rows = query(store, "select system, split, count(*) from selection_results group by all order by 1")
+    assert rows == [("base", "validation", 2), ("trained@0000", "validation", 2)]
+
+    assert kept["selected"] is True and kept["reused"]  # the refused adapter is the one kept: no retraining
+    assert kept["adapter_sha256"] == adapter_sha256(trained) == after_kept
+    assert (kept["validation_answer"], kept["validation_parent_answer"]) == \
+        (refused["validation_answer"], refused["validation_parent_answer"])  # the same draws (the call cache)
