@@ -2,7 +2,9 @@
 default) on the sharpened groups, continuing from lora_checkpoint(k-1). The baselines read the full scored
 candidate set instead (sampled_workflows joined with execution_scores), as their papers do: score_dpo
 ScoreFlow's pairs, rwr W4S's every-candidate-once (`training_inputs.training_data`). With no training data the parent
-policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from.
+policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from. With `selection` on,
+the trained adapter becomes checkpoint k only if it beats π_{k-1} on the validation split (`domain/selection.py`);
+otherwise π_{k-1} is carried forward the same way and the trained adapter stays in `<k>.trained`.
 
 Side table `training_rows` (one Parquet per iteration partition, a DuckDB view like heldout_results): the
 rows each objective trained on, e.g. `select objective, role, count(*) from training_rows group by all`."""
@@ -62,7 +64,8 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
                                  "training_rows": dg.MetadataValue.json(_rows_summary(used)),
                                  **({"selection": dg.MetadataValue.json(verdict.as_dict())} if verdict else {})})
-    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, {row['optimizer_steps']} steps, last loss {row['last_loss']}"
+    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
+                 f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
                  + (" (identical earlier run reused)" if reused else "")
                  + ("" if verdict is None else "; " + ("kept" if verdict.keep else "not kept: parent carried forward"))
                  + f", {time.monotonic() - t0:.1f} s")
