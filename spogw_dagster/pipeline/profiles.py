@@ -32,7 +32,7 @@ __all__ = ["PROFILES", "HEADLINE_RUN", "get_profile", "profile_names"]
 HEADLINE_RUN = {
     "profile": "answers",
     "command": 'pip install -e ".[qwen05b]" && spogw run --profile answers',
-    "wall": "53 min 15 s for seed 0 on 2 CPU cores, 3.4 GB peak RSS (2026-12-05, run F)",
+    "wall": "52 min 38 s for seed 0 on 2 CPU cores, 3.4 GB peak RSS (2026-12-06, run G)",
     "where": "README.md, The headline result",
 }
 
