@@ -17,6 +17,7 @@ from spogw_dagster.pipeline.data import report_stats, tables
 from spogw_dagster.pipeline.data.checkpoints import TRAINED_SUFFIX
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.domain import selection
+from spogw_dagster.pipeline.domain.heldout import heldout_runs
 from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.runs.cleanup import find_garbage
 from spogw_dagster.pipeline.settings import load_config, section_hash
@@ -79,8 +80,10 @@ def test_the_gate_measures_greedy_validation_with_its_own_seed_and_runs():
     assert (v.report.split, v.report.greedy, v.report.samples, v.report.baselines) == ("validation", True, 0, [])
     assert (v.report.seed, v.report.runs) == (7, 3)
     assert cfg.report.split == "test" and cfg.report.samples == 4  # the report itself is untouched
-    unset = load_config("answers", overrides={"selection": {"enabled": True}, "report": {"runs": 2}})
-    assert selection.validation_config(unset).report.runs == 2
+    # unset: execution.runs, never report.runs (not a section the checkpoint's code version covers)
+    unset = load_config("answers", overrides={"selection": {"enabled": True}, "report": {"runs": 2},
+                                              "execution": {"runs": 4}})
+    assert heldout_runs(selection.validation_config(unset)) == 4
 
 
 def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
@@ -105,9 +108,9 @@ def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):
 
 @pytest.mark.model
 def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
-    """ci profile, iteration 0, through the Dagster job: with min_delta 1 (a gain no policy can show unless
-    the parent scores 0 and the adapter 1 on every query) π_{k-1} goes on; with min_delta -1 (any adapter) the
-    same trained adapter, reused, becomes the checkpoint."""
+    """ci profile, iteration 0, through the Dagster job: without selection, then with min_delta 1 (a gain no
+    policy can show unless the parent scores 0 and the adapter 1 on every query: π_{k-1} goes on), then with
+    min_delta -1 (any adapter: the same trained adapter becomes the checkpoint); training runs once."""
     from spogw_dagster.pipeline.data.catalog import query
     from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
     from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
@@ -120,7 +123,8 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
     home.mkdir()
 
     def run(inst, min_delta, only=None):
-        over = {"benchmark": {"validation_queries": 2}, "selection": {"enabled": True, "min_delta": min_delta}}
+        over = {"benchmark": {"validation_queries": 2},
+                "selection": {"enabled": min_delta is not None, "min_delta": min_delta or 0.0}}
         job = build_definitions("ci", assets_dir=store.root, overrides=over).resolve_job_def(JOB_NAME)
         res = job.execute_in_process(partition_key="0000", instance=inst, asset_selection=only, raise_on_error=False)
         assert res.success, [e.message for e in res.all_events if e.is_failure]
@@ -128,20 +132,30 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
 
     with dg.instance_for_test(temp_dir=str(home)) as inst:
         inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
-        refused = run(inst, 1.0)
+        ungated = run(inst, None)
+        refused = run(inst, 1.0, only=[dg.AssetKey("lora_checkpoint")])
         stats = json.loads((store.adapter_dir("0000") / "training_stats.json").read_text())
         kept = run(inst, -1.0, only=[dg.AssetKey("lora_checkpoint")])
         after_kept = adapter_sha256(store.adapter_dir("0000"))
+        rows = query(store, "select system, split, count(*) from selection_results group by all order by 1")
+        (store.adapter_dir("0000") / "training_stats.json").unlink()  # <k> no longer a finished run: only .trained is
+        off_again = run(inst, None, only=[dg.AssetKey("lora_checkpoint")])
 
-    assert refused["trained"] and refused["selected"] is False
+    assert ungated["selected"] is None and not ungated["reused"]
+    # turning selection on adopts the finished run from <k> instead of training again
+    assert refused["trained"] and refused["selected"] is False and refused["reused"]
+    assert refused["run_hash"] == ungated["run_hash"]
     assert stats["trained"] is False and "carried forward" in stats["reason"]
     assert refused["validation_answer"] - refused["validation_parent_answer"] < 1.0
     # the refused run's checkpoint was the carried-forward parent (at k = 0 a zero-B LoRA), not the trained adapter
     assert refused["adapter_sha256"] != adapter_sha256(trained)
-    rows = query(store, "select system, split, count(*) from selection_results group by all order by 1")
     assert rows == [("base", "validation", 2), ("trained@0000", "validation", 2)]
 
     assert kept["selected"] is True and kept["reused"]  # the refused adapter is the one kept: no retraining
     assert kept["adapter_sha256"] == adapter_sha256(trained) == after_kept
     assert (kept["validation_answer"], kept["validation_parent_answer"]) == \
         (refused["validation_answer"], refused["validation_parent_answer"])  # the same draws (the call cache)
+    # selection off again: the finished run is copied back from .trained (no training), and the gate's rows,
+    # which no longer describe this checkpoint, are gone
+    assert off_again["reused"] and off_again["selected"] is None and off_again["adapter_sha256"] == after_kept
+    assert not store.parquet_path("selection_results", "0000").exists()

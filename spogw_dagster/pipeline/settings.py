@@ -345,11 +345,12 @@ class ReportSection(_Section):
 class SelectionSection(_Section):
     """Checkpoint selection on the validation split, as AFlow and ScoreFlow pick on validation (off by default).
     After iteration k trains, the trained adapter and π_{k-1} each write one greedy workflow per validation query,
-    run with executor seed `seed` (`runs` runs each, the mean; None: report.runs, else execution.runs). The
+    run with executor seed `seed` (`runs` runs each, the mean; None: execution.runs). The
     adapter becomes checkpoint k only if its paired answer score minus π_{k-1}'s is at least `min_delta`;
     otherwise π_{k-1} is carried forward as checkpoint k and the trained adapter stays beside it as
     `lora_checkpoint/<k>.trained` (a rerun reuses it; `spogw gc` keeps it while partition k exists). The trainer
-    never sees this section: turning it on or off does not retrain."""
+    never sees this section: turning it on or off copies the identical finished run between `<k>` and
+    `<k>.trained` rather than training again."""
 
     enabled: bool = False
     min_delta: float = Field(0.0, ge=-1.0, le=1.0)

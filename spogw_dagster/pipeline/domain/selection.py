@@ -51,11 +51,11 @@ def decide(delta: float, min_delta: float) -> bool:
 
 def validation_config(cfg):
     """`cfg` with the report narrowed to the gate's measurement: greedy only, no baselines, the validation split,
-    the selection's executor seed and runs."""
+    the selection's executor seed and runs (unset: execution.runs)."""
     sel = cfg.selection
+    # runs unset: execution.runs (a section lora_checkpoint hashes when selection is on), never report.runs
     report = cfg.report.model_copy(update={"split": "validation", "greedy": True, "samples": 0, "baselines": [],
-                                           "baseline_samples": 0, "seed": sel.seed,
-                                           "runs": sel.runs if sel.runs is not None else cfg.report.runs})
+                                           "baseline_samples": 0, "seed": sel.seed, "runs": sel.runs})
     return cfg.model_copy(update={"report": report})
 
 

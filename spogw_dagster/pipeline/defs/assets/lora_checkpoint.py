@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from spogw_dagster.core.training import finished_run
 from spogw_dagster.core.training.launch import fit_adapter
 from spogw_dagster.pipeline.data import tables, training_inputs
 from spogw_dagster.pipeline.data.catalog import refresh_catalog
@@ -57,8 +58,13 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
                                           tcfg.objective_config(), key_to_int(key))
     out = store.adapter_dir(key)
     gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
-    stats, reused = _train_or_carry(context, cfg, examples, trained_dir(store, key) if gated else out, parent)
+    target, other = (trained_dir(store, key), out) if gated else (out, trained_dir(store, key))
+    if examples:
+        _adopt_finished_run(examples, cfg, target, other, parent)
+    stats, reused = _train_or_carry(context, cfg, examples, target, parent)
     verdict = _select(context, pipeline, key, parent) if gated else None
+    if not gated:  # an earlier gated run's validation rows do not describe this checkpoint
+        store.parquet_path(SELECTION_RESULTS, key).unlink(missing_ok=True)
     write_training_rows(store, key, used)  # after the adapter: a kill mid-training leaves neither
     row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective, verdict)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
@@ -70,6 +76,15 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
                  + ("" if verdict is None else "; " + ("kept" if verdict.keep else "not kept: parent carried forward"))
                  + f", {time.monotonic() - t0:.1f} s")
     return tables.checkpoint_frame(row)
+
+
+def _adopt_finished_run(examples: list, cfg, target: Path, other: Path, parent) -> None:
+    """Turning selection on or off moves where training writes (`<k>.trained` or `<k>`): the identical finished
+    run in the other folder is copied over instead of trained again."""
+    tcfg, prev = cfg.train_config(), parent.path if parent else None
+    if other.is_dir() and finished_run(examples, tcfg, target, cfg.generator.model, prev) is None \
+            and finished_run(examples, tcfg, other, cfg.generator.model, prev) is not None:
+        copy_adapter(other, target)
 
 
 def _select(context, pipeline: PipelineResource, key: str, parent) -> selection.Verdict:
