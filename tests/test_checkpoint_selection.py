@@ -95,6 +95,10 @@ def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
     for asset in ("sampled_workflows", "execution_scores", "screened_groups", "benchmark_report"):
         assert section_hash(on, asset) == section_hash(off, asset)
     assert on.train_config().identity() == off.train_config().identity()  # the trainer never sees it: no retraining
+    # W4S's feedback queries can come off the validation split the gate scores
+    w4s = load_config("answers", overrides={"selection": {"enabled": True},
+                                            "refinement": {"turns": 2, "feedback_split": "validation"}})
+    assert section_hash(w4s, "lora_checkpoint") != section_hash(on, "lora_checkpoint")
 
 
 def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):

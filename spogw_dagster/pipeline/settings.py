@@ -543,8 +543,9 @@ def asset_sections(cfg: SpogwConfig, asset: str) -> tuple[str, ...]:
     """The sections `asset` reads under `cfg`: with refinement on, sampling also runs workflows for feedback."""
     if asset == "sampled_workflows" and cfg.refinement.enabled:
         return ASSET_SECTIONS[asset] + ("executor", "execution", "reward")
-    if asset == "lora_checkpoint" and cfg.selection.enabled:  # the gate runs the executor on validation
-        return ASSET_SECTIONS[asset] + ("selection", "benchmark", "executor", "execution", "reward")
+    if asset == "lora_checkpoint" and cfg.selection.enabled:  # the gate runs the executor on validation,
+        # whose queries W4S's feedback may reserve (refinement; comparison's share is not hashed at all)
+        return ASSET_SECTIONS[asset] + ("selection", "benchmark", "executor", "execution", "reward", "refinement")
     return ASSET_SECTIONS[asset]
 
 
