@@ -65,6 +65,14 @@ class Policy:
     adapter_sha256: str | None = None
 
 
+def previous_policy(parent) -> Policy:
+    """π_{k-1} as a policy: the base model at k = 0 (`parent` None), else the parent checkpoint's adapter
+    (`data.checkpoints.ParentCheckpoint`)."""
+    if parent is None:
+        return Policy("base", "previous")
+    return Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256)
+
+
 def report_sampler_seed(report_seed: int) -> int:
     return derive_seed(report_seed, "report-sampler")
 

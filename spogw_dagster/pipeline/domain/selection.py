@@ -10,6 +10,7 @@ checkpoint, judged on queries the report never scores. No Dagster here: the asse
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,7 @@ class Verdict:
     min_delta: float
 
     def as_dict(self) -> dict[str, Any]:
-        return {"keep": self.keep, "candidate": self.candidate, "parent": self.parent, "delta": self.delta,
-                "ci_low": self.ci_low, "ci_high": self.ci_high, "queries": self.queries, "min_delta": self.min_delta}
+        return dataclasses.asdict(self)
 
     def sentence(self, parent_system: str) -> str:
         ci = "" if self.ci_low is None else f" [{self.ci_low:+.3f}, {self.ci_high:+.3f}]"

@@ -88,9 +88,9 @@ def _policies(pipeline: PipelineResource, key: str, ckpt: dict[str, Any], cfg, *
     parent = parent_or_fail(store, key)
     k = key_to_int(key)
     this = ho.Policy(f"spogw@{key}", "checkpoint", adapter, k, sha)
+    prev = ho.previous_policy(parent)
     if parent is None:
-        return this, ho.Policy("base", "previous"), None
-    prev = ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256)
+        return this, prev, None
     stored = heldout_results.read_reusable(store, parent.partition)
     reused = None if stored is None else report_stats.reusable_previous(*stored, prev.system, parent.sha256, cfg.hash, k,
                                                                   per_policy)

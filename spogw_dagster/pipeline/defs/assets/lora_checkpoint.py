@@ -60,7 +60,7 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
     target, other = (trained_dir(store, key), out) if gated else (out, trained_dir(store, key))
     if examples:
-        _adopt_finished_run(examples, cfg, target, other, parent)
+        _adopt_finished_run(examples, tcfg, cfg.generator.model, target, other, parent)
     stats, reused = _train_or_carry(context, cfg, examples, target, parent)
     verdict = _select(context, pipeline, key, parent) if gated else None
     if not gated:  # an earlier gated run's validation rows do not describe this checkpoint
@@ -78,12 +78,12 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     return tables.checkpoint_frame(row)
 
 
-def _adopt_finished_run(examples: list, cfg, target: Path, other: Path, parent) -> None:
+def _adopt_finished_run(examples: list, tcfg, base_model: str, target: Path, other: Path, parent) -> None:
     """Turning selection on or off moves where training writes (`<k>.trained` or `<k>`): the identical finished
     run in the other folder is copied over instead of trained again."""
-    tcfg, prev = cfg.train_config(), parent.path if parent else None
-    if other.is_dir() and finished_run(examples, tcfg, target, cfg.generator.model, prev) is None \
-            and finished_run(examples, tcfg, other, cfg.generator.model, prev) is not None:
+    prev = parent.path if parent else None
+    if other.is_dir() and finished_run(examples, tcfg, target, base_model, prev) is None \
+            and finished_run(examples, tcfg, other, base_model, prev) is not None:
         copy_adapter(other, target)
 
 
@@ -93,8 +93,7 @@ def _select(context, pipeline: PipelineResource, key: str, parent) -> selection.
     cfg, store, k = pipeline.config(), pipeline.store(), key_to_int(key)
     trained, out = trained_dir(store, key), store.adapter_dir(key)
     cand = ho.Policy(f"trained@{key}", "checkpoint", trained, k, adapter_sha256(trained))
-    prev = (ho.Policy("base", "previous") if parent is None else
-            ho.Policy(f"spogw@{parent.partition}", "previous", parent.path, parent.iteration, parent.sha256))
+    prev = ho.previous_policy(parent)
     with failures.as_failure():
         report, scored, n = selection.score_validation(pipeline, cand, prev, cfg, iteration=k,
                                                        say=lambda m: say(context, m))
@@ -104,12 +103,12 @@ def _select(context, pipeline: PipelineResource, key: str, parent) -> selection.
         verdict = selection.verdict_of(report, cfg.selection.min_delta, n)
     store.write_parquet(SELECTION_RESULTS, key, scored.heldout)
     refresh_catalog(store)
-    say(context, verdict.sentence(prev.system))
+    said = verdict.sentence(prev.system)
+    say(context, said)
     if verdict.keep:
         copy_adapter(trained, out)
     else:
-        carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model,
-                      reason=verdict.sentence(prev.system))
+        carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model, reason=said)
     return verdict
 
 
