@@ -6,7 +6,8 @@ structure (the sequence of operator calls; an invalid or failed workflow is its 
 data teaches: whether the structure that answers better gets the positive mass, or the one that merely
 parses. Each `--variant` re-curates the same rows with some `curation` fields changed (`core.curation.curate`,
 the loop's own code) and prints groups, rows and (rows, Σ Â) per structure; `answer_only` scores every
-workflow by its answer alone (0 unless it ran), the reward a pure-answer ladder gives.
+workflow by its answer alone (0 unless it ran), the reward a pure-answer ladder gives; `valid_only` groups only
+the workflows that ran (`curation.valid_only`).
 
     python bench/advantage_mass.py --config run.yaml --assets-dir ~/runs/a37/seed-0 \\
         --variant "" --variant "n=4,g_max=4,adv_std_floor=0.25" --variant "answer_only,n=4"
@@ -37,12 +38,16 @@ def structure(workflow: str | None, status: str) -> str:
     return "->".join(re.findall(r"self\.(\w+)\(", workflow or "")) or "<no call>"
 
 
-def parse_variant(text: str) -> tuple[bool, dict[str, float | int]]:
-    """"answer_only,n=4,adv_std_floor=0.25" -> (True, {"n": 4, "adv_std_floor": 0.25})."""
+def parse_variant(text: str) -> tuple[bool, dict[str, float | int | bool]]:
+    """"answer_only,n=4,adv_std_floor=0.25" -> (True, {"n": 4, "adv_std_floor": 0.25}); a bare `valid_only` sets
+    that curation field."""
     answer_only, fields = False, {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         if part == "answer_only":
             answer_only = True
+            continue
+        if part == "valid_only":
+            fields["valid_only"] = True
             continue
         name, _, value = part.partition("=")
         if not value:

@@ -571,3 +571,29 @@ def test_a_std_floor_keeps_small_contrasts_small_and_answer_contrasts_whole():
 def test_the_std_floor_must_lie_in_the_unit_interval():
     with pytest.raises(ConfigError, match="adv_std_floor"):
         CurationConfig(adv_std_floor=1.5)
+
+
+def test_valid_only_groups_compare_what_valid_workflows_do():
+    # the answers ladder's scores: right 1.0, ran but wrong 0.25, raised 0.15, invalid / no code 0
+    rows = [("q", 0, 1.0, "ok"), ("q", 1, 0.25, "ok"), ("q", 2, 0.0, "invalid"), ("q", 3, 0.0, "format_error"),
+            ("q", 4, 0.15, "runtime_error"), ("q", 5, 0.25, "ok")]
+    cfg = CurationConfig(m=6, n=4, t=2, g_max=1, tau_sim=1.0, tau_std=0.01, valid_only=True)
+    r = C.curate(frame(rows), cfg)
+    assert r.dropped_rows.select("sample_idx", "reason").rows() == [(2, "not_valid"), (3, "not_valid")]
+    assert r.summary["dropped_rows"] == {"not_valid": 2}
+    # the 4 rows that ran make exactly C(4, 4) = 1 group; t = 2 keeps all four
+    assert r.groups["members"].to_list() == [[0, 1, 4, 5]]
+    # mean (1 + .25 + .15 + .25) / 4 = .4125; deviations .5875, -.1625, -.2625, -.1625;
+    # variance (.34515625 + .02640625 + .06890625 + .02640625) / 4 = .11671875, std .3416405...
+    std = 0.11671875 ** 0.5
+    adv = dict(zip(r.members["sample_idx"].to_list(), r.members["advantage"].to_list()))
+    assert adv == pytest.approx({0: 0.5875 / (std + 1e-4), 1: -0.1625 / (std + 1e-4),
+                                 4: -0.2625 / (std + 1e-4), 5: -0.1625 / (std + 1e-4)}, abs=1e-12)
+    # off (the default), the invalid rows stay: six usable rows, none dropped
+    off = C.curate(frame(rows), CurationConfig(m=6, n=4, t=2, g_max=1, tau_sim=1.0, tau_std=0.01))
+    assert off.dropped_rows.height == 0 and off.summary["rows_usable"] == 6
+
+
+def test_valid_only_must_be_a_bool():
+    with pytest.raises(ConfigError, match="valid_only"):
+        CurationConfig(valid_only="yes")

@@ -7,7 +7,9 @@ asset can store its own stage:
 2. `exclude_executor_errors`  rows with status `executor_error` leave with reason "executor_error": a failure of
                               our infrastructure says nothing about the workflow. Every other non-ok status
                               (format_error, invalid, runtime_error, timeout, sandbox_violation) is a real,
-                              low score and stays.
+                              low score and stays, unless `valid_only` is set: then `exclude_not_valid` also
+                              sends format_error and invalid rows away with reason "not_valid", so groups
+                              compare what valid workflows do, not whether they parse.
 3. `filter_near_duplicates`   within a query, a workflow whose normalised code is at least `tau_sim` similar to
                               a kept workflow with a lower sample_idx leaves with "near_duplicate_of:<idx>".
 4. `form_groups`              groups of n from the m' usable workflows of a query: all C(m', n) when that is
@@ -71,6 +73,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "validate_samples",
     "exclude_executor_errors",
+    "exclude_not_valid",
     "normalize_code",
     "code_similarity",
     "filter_near_duplicates",
@@ -189,6 +192,8 @@ _STATUS_VALUES = tuple(s.value for s in Status)
 _ZERO_STATUSES = frozenset(s.value for s in Status if s not in (Status.OK, Status.EXECUTOR_ERROR))
 
 REASON_EXECUTOR_ERROR = "executor_error"
+REASON_NOT_VALID = "not_valid"  # valid_only: no workflow was extracted, or the validator refused it
+NOT_VALID_STATUSES = (Status.FORMAT_ERROR.value, Status.INVALID.value)
 REASON_NEAR_DUPLICATE = "near_duplicate_of"  # + ":<sample_idx>"
 REASON_TOO_FEW = "too_few_workflows"
 REASON_LOW_STD = "low_score_std"
@@ -293,15 +298,26 @@ def _group_prefix(it: int, qid: str, pg: str | None) -> str:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _split_off(df: pl.DataFrame, leaves: pl.Expr, reason: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(rows that stay, rows where `leaves` holds with `reason`, in DROPPED_ROWS_SCHEMA)."""
+    dropped = (
+        df.filter(leaves)
+        .select(["iteration", "query_id", "sample_idx", "status", "score"])
+        .with_columns(pl.lit(reason).alias("reason"))
+    )
+    return df.filter(~leaves), dropped.cast(DROPPED_ROWS_SCHEMA)  # type: ignore[arg-type]
+
+
 def exclude_executor_errors(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Split off rows with status `executor_error`. Returns (kept rows, dropped rows with reason)."""
-    is_exec = pl.col("status") == Status.EXECUTOR_ERROR.value
-    dropped = (
-        df.filter(is_exec)
-        .select(["iteration", "query_id", "sample_idx", "status", "score"])
-        .with_columns(pl.lit(REASON_EXECUTOR_ERROR).alias("reason"))
-    )
-    return df.filter(~is_exec), dropped.cast(DROPPED_ROWS_SCHEMA)  # type: ignore[arg-type]
+    return _split_off(df, pl.col("status") == Status.EXECUTOR_ERROR.value, REASON_EXECUTOR_ERROR)
+
+
+def exclude_not_valid(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split off rows whose workflow never ran because none was extracted (`format_error`) or the validator
+    refused it (`invalid`); a workflow that ran and failed (runtime_error, timeout, sandbox_violation) stays.
+    Returns (kept rows, dropped rows with reason "not_valid")."""
+    return _split_off(df, pl.col("status").is_in(NOT_VALID_STATUSES), REASON_NOT_VALID)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -665,9 +681,11 @@ def count_reasons(dropped: pl.DataFrame) -> dict[str, int]:
 class Screening:
     """Steps 1–5 (the `screened_groups` asset): what was usable, the groups kept and what was dropped, and why.
 
-    usable          rows after executor errors and near-duplicates left (the candidates groups are drawn from).
+    usable          rows after executor errors (with `valid_only`, unvalidated rows) and near-duplicates left
+                    (the candidates groups are drawn from).
     groups          kept groups (SCREENED_SCHEMA: members, scores, score_mean, score_std).
-    dropped_rows    iteration, query_id, sample_idx, status, score, reason (executor errors, near-duplicates).
+    dropped_rows    iteration, query_id, sample_idx, status, score, reason (executor errors, not valid,
+                    near-duplicates).
     dropped_groups  queries with too few workflows and groups below tau_std, with their reason.
     """
 
@@ -697,6 +715,9 @@ def screen(samples: pl.DataFrame, cfg: CurationConfig) -> Screening:
     """Validate → exclude executor errors → drop near-duplicates → form groups → screen by score std."""
     df = validate_samples(samples)
     usable, dropped_exec = exclude_executor_errors(df)
+    if cfg.valid_only:
+        usable, dropped_invalid = exclude_not_valid(usable)
+        dropped_exec = pl.concat([dropped_exec, dropped_invalid])
     usable, dropped_dup = filter_near_duplicates(usable, cfg.tau_sim)
     groups, dropped_few = form_groups(usable, cfg.n, cfg.g_max, cfg.seed)
     kept, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)

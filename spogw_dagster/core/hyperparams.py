@@ -91,6 +91,14 @@ class CurationConfig(_FromDict):
               dropped with reason "duplicate_of_group:<group_id>". Overlapping n-subsets often sharpen to the
               same 2t workflows; the paper keeps them all (it weights extreme workflows by how often they are
               extreme), so the default is False.
+    valid_only
+              when True, workflows that never ran because none was extracted (format_error) or the validator
+              refused them (invalid) leave before grouping (reason "not_valid"): groups compare what valid
+              workflows do, so with an answer-weighted ladder the advantage is the answer's, and a frequent
+              structure is not credited merely for parsing where its group's other members did not. Nothing
+              then teaches validity, so use it where the generator's greedy output is already valid.
+              Default False (the paper keeps every scored workflow). Only the GRPO family's groups: ScoreFlow's
+              pairs and W4S's candidates are drawn as their papers draw them.
     seed      seed of group sampling (combined with iteration and query id, so groups do not depend on row order).
     """
 
@@ -104,6 +112,7 @@ class CurationConfig(_FromDict):
     adv_std_floor: float = 0.0
     std_ddof: int = 0
     dedup_sharpened_groups: bool = False
+    valid_only: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -115,8 +124,9 @@ class CurationConfig(_FromDict):
         if not 0.0 <= self.adv_std_floor <= 1.0:
             raise ConfigError(f"{c}.adv_std_floor={self.adv_std_floor}: a floor on the std of scores in [0, 1] "
                               "must lie in [0, 1]; use 0 for plain GRPO advantages.")
-        if not isinstance(self.dedup_sharpened_groups, bool):
-            raise ConfigError(f"{c}.dedup_sharpened_groups must be True or False, got {self.dedup_sharpened_groups!r}.")
+        for name in ("dedup_sharpened_groups", "valid_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{c}.{name} must be True or False, got {getattr(self, name)!r}.")
         if self.t < 1:
             raise ConfigError(
                 f"{c}.t={self.t}: sharpening keeps the top-t and bottom-t workflows, so t must be >= 1; set t >= 1."

@@ -261,8 +261,9 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
         d = handler(self)
-        if isinstance(d, dict) and d.get("adv_std_floor") == 0.0:  # the default: older configs keep their hash
-            d.pop("adv_std_floor")
+        for name, default in (("adv_std_floor", 0.0), ("valid_only", False)):
+            if isinstance(d, dict) and name in d and d[name] == default:
+                d.pop(name)  # the default: older configs keep their hash
         return d
 
     def core(self) -> CurationConfig:
