@@ -17,7 +17,7 @@ from spogw_dagster.pipeline.runs.commands import COMMANDS as PIPELINE_COMMANDS
 from spogw_dagster.pipeline.runs.commands import add_pipeline_commands, run_pipeline_command
 
 from . import bundled_models as bm
-from .benchmarks.queries import get_problem, held_out_problems, split_problems
+from .benchmarks.queries import get_problem, held_out_problems, split_problems, training_problems
 from .evaluation import baseline_workflow, evaluate_many, evaluate_text, summarize
 from .executors.factory import make_executor
 from .executors.llama_runtime import main as runtime_main
@@ -55,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     bl.add_argument("--method", required=True, choices=list(STATIC_METHODS),
                     help=f"an AFlow baseline, or a static structure of the operators ({', '.join(STRUCTURES)})")
     bl.add_argument("--limit", type=int, default=20, help="number of queries of the split")
-    bl.add_argument("--split", choices=["test", "validation"], default="test",
-                    help="score on the test split (default) or the validation split (where choices are made)")
+    bl.add_argument("--split", choices=["test", "validation", "train"], default="test",
+                    help="score on the test split (default), the validation split (where choices are made) or "
+                         "the train split (what training sees: is the headroom there?)")
     bl.add_argument("--split-seed", type=int, default=0)
     bl.add_argument("--concurrency", type=int, default=4)
     bl.add_argument("--show", action="store_true", help="also list per-query results")
@@ -161,6 +162,8 @@ async def _exec_workflow(args) -> int:
 async def _baseline(args) -> int:
     if args.split == "test":
         problems = held_out_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
+    elif args.split == "train":
+        problems = training_problems(args.benchmark, limit=args.limit, seed=args.split_seed, path=args.data_path)
     else:
         problems, _ = split_problems(args.benchmark, "validation", limit=args.limit, seed=args.split_seed,
                                      path=args.data_path)

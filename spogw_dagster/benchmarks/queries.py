@@ -11,8 +11,8 @@ from spogw_dagster.contracts import Problem
 from .registry import get_spec, load_benchmark
 from .splits import Splits, ids_sha256, load_split_problems, make_benchmark_splits
 
-__all__ = ["get_problem", "default_split_sizes", "default_splits", "held_out_problems", "split_problems",
-           "REPORT_SPLITS"]
+__all__ = ["get_problem", "default_split_sizes", "default_splits", "held_out_problems", "training_problems",
+           "split_problems", "REPORT_SPLITS"]
 
 
 def get_problem(benchmark: str, query_id: str, *, path: str | None = None) -> Problem:
@@ -51,6 +51,19 @@ def held_out_problems(benchmark: str, *, limit: int | None = None, seed: int = 0
     if limit is not None:
         if limit < 1:
             raise ValueError("--limit must be >= 1")
+        problems = problems[:limit]
+    return problems
+
+
+def training_problems(benchmark: str, *, limit: int | None = None, seed: int = 0,
+                      path: str | None = None) -> list[Problem]:
+    """The first `limit` queries of the benchmark's train split (deterministic for a seed): the queries an
+    iteration samples workflows for (`benchmark.train_queries` of them)."""
+    problems = load_split_problems(default_splits(benchmark, seed=seed, path=path), "train", path=path)
+    if limit is not None:
+        if not 1 <= limit <= len(problems):
+            raise ValueError(f"{limit} training queries asked for, but the train split of {benchmark} has "
+                             f"{len(problems)}; choose 1 to {len(problems)}")
         problems = problems[:limit]
     return problems
 

@@ -19,8 +19,8 @@ from typing import Any, AsyncIterator
 
 import dagster as dg
 
-from spogw_dagster.benchmarks import BenchmarkDataError, load_split_problems
-from spogw_dagster.benchmarks.queries import default_split_sizes, default_splits, held_out_problems, split_problems
+from spogw_dagster.benchmarks import BenchmarkDataError
+from spogw_dagster.benchmarks.queries import default_split_sizes, held_out_problems, split_problems, training_problems
 from spogw_dagster.contracts import Problem
 from spogw_dagster.core.inference.sampling import make_sampler
 from spogw_dagster.executors.attribution import FaultAttributingExecutor
@@ -43,8 +43,7 @@ def _queries(benchmark: str, data_path: str | None, split_seed: int, d: int, h: 
         raise ValueError(f"benchmark.train_queries={d} but the train split of {benchmark} has {n_train} queries")
     if h > n_test:
         raise ValueError(f"benchmark.heldout_queries={h} but the test split of {benchmark} has {n_test} queries")
-    train = load_split_problems(default_splits(benchmark, seed=split_seed, path=data_path), "train",
-                                path=data_path)[:d]
+    train = training_problems(benchmark, limit=d, seed=split_seed, path=data_path)
     heldout = held_out_problems(benchmark, limit=h, seed=split_seed, path=data_path)
     overlap = {p.id for p in train} & {p.id for p in heldout}
     if overlap:  # pragma: no cover - the splits are disjoint by construction
