@@ -99,6 +99,13 @@ def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
     w4s = load_config("answers", overrides={"selection": {"enabled": True},
                                             "refinement": {"turns": 2, "feedback_split": "validation"}})
     assert section_hash(w4s, "lora_checkpoint") != section_hash(on, "lora_checkpoint")
+    # ... and so can the comparison's W4S, with the loop's refinement off (a section not hashed then)
+    fb = {"selection": {"enabled": True}, "refinement": {"feedback_split": "validation"}}
+    plain = load_config("answers", overrides={**fb, "comparison": {"methods": ["spogw"]}})
+    reserving = load_config("answers", overrides={**fb, "comparison": {"methods": ["spogw", "w4s"]}})
+    assert (plain.reserved_validation(), reserving.reserved_validation()) == (0, reserving.feedback_queries())
+    assert reserving.feedback_queries() > 0
+    assert section_hash(reserving, "lora_checkpoint") != section_hash(plain, "lora_checkpoint")
 
 
 def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):

@@ -545,7 +545,7 @@ def asset_sections(cfg: SpogwConfig, asset: str) -> tuple[str, ...]:
     if asset == "sampled_workflows" and cfg.refinement.enabled:
         return ASSET_SECTIONS[asset] + ("executor", "execution", "reward")
     if asset == "lora_checkpoint" and cfg.selection.enabled:  # the gate runs the executor on validation,
-        # whose queries W4S's feedback may reserve (refinement; comparison's share is not hashed at all)
+        # whose queries W4S's feedback may reserve (the count, from refinement or comparison, is in `selection`)
         return ASSET_SECTIONS[asset] + ("selection", "benchmark", "executor", "execution", "reward", "refinement")
     return ASSET_SECTIONS[asset]
 
@@ -558,6 +558,8 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
         d.pop("refinement", None)
     if not cfg.selection.enabled:  # the same for selection: earlier configs keep their hashes
         d.pop("selection", None)
+    else:  # the gate scores the validation split less W4S's feedback queries, which `comparison` may reserve
+        d["selection"]["reserved_validation"] = cfg.reserved_validation()
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
     return d
