@@ -5,6 +5,7 @@
         --executor-model qwen2.5-coder-0.5b --concurrency 2 --json > headroom-$m.json
     done
     python bench/headroom.py headroom-io.json headroom-*.json
+    python bench/headroom.py --first 16 train-io.json train-*.json   # only the first 16 queries of each
 
 Per method: pass@1 with its 95% Wilson interval, executor calls per query, and the paired difference to the
 first file's method (the reference, IO) over the same queries with a bootstrap 95% interval over queries.
@@ -21,6 +22,11 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     from spogw_dagster.core import stats
 
+    first = None
+    if "--first" in argv:  # only the first N queries of the reference's order (a run's train_queries = N)
+        i = argv.index("--first")
+        first = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
@@ -31,19 +37,28 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"{f}: no per-query results; run `spogw baseline` with --json")
         runs.append(d)
     ref = runs[0]
-    ref_scores = {r["query"]: r["score"] for r in ref["results"]}
+    order = [r["query"] for r in ref["results"]][:first]
+    ref_scores = _scored(ref, order)
     print(f"{'method':<10} {'pass@1 [95% Wilson]':<24} {'calls/query':>11}  Δ vs {ref['method']} (paired, 95%)")
     for d in runs:
-        scores = {r["query"]: r["score"] for r in d["results"]}
-        common = sorted(set(scores) & set(ref_scores))
-        lo, hi = d["ci95"]
+        scores = _scored(d, order)
+        common = [q for q in order if q in scores and q in ref_scores]
+        lo, hi = stats.wilson(sum(scores.values()), len(scores))
         diff = ""
         if d is not ref and common:
             m, dlo, dhi = stats.paired_bootstrap_diff([[scores[q]] for q in common], [[ref_scores[q]] for q in common],
                                                       resamples=4000, seed=0)
             diff = f"{m:+.3f} [{dlo:+.3f}, {dhi:+.3f}] over {len(common)} queries"
-        print(f"{d['method']:<10} {d['solve_rate']:.3f} [{lo:.3f}, {hi:.3f}]     {d['llm_calls'] / d['n']:>11.2f}  {diff}")
+        calls = d["llm_calls"] / d["n"] if first is None else float("nan")  # per-query calls are not in the JSON
+        print(f"{d['method']:<10} {sum(scores.values()) / len(scores):.3f} [{lo:.3f}, {hi:.3f}]     {calls:>11.2f}  {diff}")
     return 0
+
+
+def _scored(run: dict, order: list[str]) -> dict[str, float]:
+    """Query -> score over `order`, executor errors left out (as `spogw baseline` counts them)."""
+    wanted = set(order)
+    return {r["query"]: r["score"] for r in run["results"]
+            if r["query"] in wanted and r["status"] != "executor_error"}
 
 
 if __name__ == "__main__":
