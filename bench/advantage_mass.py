@@ -51,8 +51,12 @@ def parse_variant(text: str) -> tuple[bool, dict[str, float | int | bool]]:
             continue
         name, _, value = part.partition("=")
         if not value:
-            raise SystemExit(f"--variant {text!r}: {part!r} is not name=value (or answer_only)")
-        fields[name] = float(value) if "." in value else int(value)
+            raise SystemExit(f"--variant {text!r}: {part!r} is not name=value (or answer_only, valid_only)")
+        try:
+            fields[name] = float(value) if "." in value else int(value)
+        except ValueError:
+            raise SystemExit(f"--variant {text!r}: {value!r} is not a number (a flag is written bare: "
+                             "answer_only, valid_only)") from None
     return answer_only, fields
 
 
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="the run's YAML config (or a profile name)")
     ap.add_argument("--assets-dir", required=True, type=Path, help="the run's seed folder")
     ap.add_argument("--variant", action="append", default=None,
-                    help='curation fields to change, "name=value,..." (and/or answer_only); "" = as run')
+                    help='curation fields to change, "name=value,..." (and/or answer_only, valid_only); "" = as run')
     args = ap.parse_args(argv)
     import polars as pl
 
@@ -98,7 +102,7 @@ def main(argv=None) -> int:
         answer_only, fields = parse_variant(text)
         try:
             ccfg = replace(cfg.curation_config(), **fields)
-        except TypeError as e:  # a name that is not a curation field
+        except (TypeError, ValueError) as e:  # not a curation field, or a value the field refuses (ConfigError)
             raise SystemExit(f"--variant {text!r}: {e}; the fields are those of `curation:`") from None
         summary, by = advantage_mass(rows, ccfg, answer_only)
         cells = ", ".join(f"{s} {n} rows {m:+.2f}" for s, (n, m) in by.items())

@@ -21,6 +21,10 @@ class Status(str, enum.Enum):
     | `executor_error` | dropped (reason "executor_error") | left out, counted in `executor_errors` |
     | any other        | kept, with its reward             | counted as a failure                   |
 
+    One opt-in exception in training only: `curation.valid_only` also drops `format_error` and `invalid`
+    rows from groups (reason "not_valid"). Those a policy does bring about, so they are still failures in
+    every held-out metric, and the option's doc says what it gives up (`core.hyperparams.CurationConfig`).
+
     Because a dropped row can neither lose nor be counted, `executor_error` must be reachable only from
     outside the sandboxed code: the executor endpoint or its transport failed (refused connection, timeout,
     5xx, a reply we cannot read) on a request whose content is not the cause, or our own sandbox did not

@@ -36,6 +36,8 @@ def test_structure_and_variant_parsing():
     assert am.structure(GEN_TEST, "invalid") == "<invalid>"
     assert am.parse_variant("answer_only,n=4,adv_std_floor=0.25") == (True, {"n": 4, "adv_std_floor": 0.25})
     assert am.parse_variant("valid_only,m=16") == (False, {"valid_only": True, "m": 16})
+    with pytest.raises(SystemExit, match="not a number"):
+        am.parse_variant("valid_only=true")
     assert am.parse_variant("") == (False, {})
     with pytest.raises(SystemExit, match="not name=value"):
         am.parse_variant("n4")

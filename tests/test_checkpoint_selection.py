@@ -106,6 +106,13 @@ def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
     assert (plain.reserved_validation(), reserving.reserved_validation()) == (0, reserving.feedback_queries())
     assert reserving.feedback_queries() > 0
     assert section_hash(reserving, "lora_checkpoint") != section_hash(plain, "lora_checkpoint")
+    # a validation report scores the same reduced split, with the gate off too; reserving nothing adds no key
+    rep = {"refinement": {"feedback_split": "validation"}, "report": {"split": "validation"}}
+    plain_r = load_config("answers", overrides={**rep, "comparison": {"methods": ["spogw"]}})
+    reserving_r = load_config("answers", overrides={**rep, "comparison": {"methods": ["spogw", "w4s"]}})
+    assert section_hash(reserving_r, "benchmark_report") != section_hash(plain_r, "benchmark_report")
+    assert reserving_r.hash != plain_r.hash  # the loop's "already reported" test goes by it
+    assert plain_r.hash == load_config("answers", overrides={"report": {"split": "validation"}}).hash
 
 
 def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):

@@ -574,7 +574,8 @@ def test_the_std_floor_must_lie_in_the_unit_interval():
 
 
 def test_valid_only_groups_compare_what_valid_workflows_do():
-    # the answers ladder's scores: right 1.0, ran but wrong 0.25, raised 0.15, invalid / no code 0
+    # scores as a ladder gives them (right 1.0, ran but wrong 0.25, raised 0.15, never ran 0; their values do not
+    # matter to the rows that leave)
     rows = [("q", 0, 1.0, "ok"), ("q", 1, 0.25, "ok"), ("q", 2, 0.0, "invalid"), ("q", 3, 0.0, "format_error"),
             ("q", 4, 0.15, "runtime_error"), ("q", 5, 0.25, "ok")]
     cfg = CurationConfig(m=6, n=4, t=2, g_max=1, tau_sim=1.0, tau_std=0.01, valid_only=True)

@@ -94,9 +94,10 @@ class CurationConfig(_FromDict):
     valid_only
               when True, workflows that never ran because none was extracted (format_error) or the validator
               refused them (invalid) leave before grouping (reason "not_valid"): groups compare what valid
-              workflows do, so with an answer-weighted ladder the advantage is the answer's, and a frequent
-              structure is not credited merely for parsing where its group's other members did not. Nothing
-              then teaches validity, so use it where the generator's greedy output is already valid.
+              workflows do (the answer, and whether the run raised), and a frequent structure is not credited
+              merely for parsing where its group's other members did not. What it gives up: nothing teaches
+              validity, and an invalid workflow gets no advantage where a valid one that raises gets a
+              negative one, so use it where the generator's greedy output is already valid.
               Default False (the paper keeps every scored workflow). Only the GRPO family's groups: ScoreFlow's
               pairs and W4S's candidates are drawn as their papers draw them.
     seed      seed of group sampling (combined with iteration and query id, so groups do not depend on row order).

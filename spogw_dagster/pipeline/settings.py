@@ -536,7 +536,8 @@ def config_hash(cfg: SpogwConfig) -> str:
     d.pop("profile", None)
     d.pop("iterations", None)
     d.pop("loop", None)  # whether the sensor starts running changes no asset's output
-    d.pop("comparison", None)  # only objective_comparison reads it (its code version covers it)
+    d.pop("comparison", None)  # only objective_comparison reads it (its code version covers it); what it
+    # reserves of the validation split reaches the report and the gate through _hashed
     return hashlib.sha256(_canon_json(d).encode()).hexdigest()
 
 
@@ -558,8 +559,13 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
         d.pop("refinement", None)
     if not cfg.selection.enabled:  # the same for selection: earlier configs keep their hashes
         d.pop("selection", None)
-    else:  # the gate scores the validation split less W4S's feedback queries, which `comparison` may reserve
-        d["selection"]["reserved_validation"] = cfg.reserved_validation()
+    # The validation split less W4S's feedback queries is what the gate, a validation report and the comparison
+    # score; the count can come from `comparison`, which no asset but objective_comparison hashes. Only a
+    # non-zero count is written, so every config that reserves nothing keeps its hash.
+    for section, split in (("selection", "validation"), ("report", cfg.report.split),
+                           ("comparison", cfg.comparison.split)):
+        if section in d and (reserved := cfg.reserved_validation(split)):
+            d[section]["reserved_validation"] = reserved
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
     return d

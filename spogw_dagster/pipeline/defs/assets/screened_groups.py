@@ -1,5 +1,6 @@
-"""screened_groups(k): executor errors and near-duplicate workflows out, groups of n formed per query and
-screened by score std (`core.curation.screen`); one row per group with its kept flag and reason."""
+"""screened_groups(k): executor errors (with `curation.valid_only`, workflows that never ran) and near-duplicate
+workflows out, groups of n formed per query and screened by score std (`core.curation.screen`); one row per
+group with its kept flag and reason."""
 
 import time
 
@@ -15,8 +16,8 @@ from spogw_dagster.pipeline.defs.resources import PipelineResource
 NAME = "screened_groups"
 GROUP = "curation"
 KINDS = {"python", "parquet"}
-DESCRIPTION = ("Executor errors and near-duplicate workflows removed, groups of n formed per query and screened "
-               "by score std (kept flag + reason for every group).")
+DESCRIPTION = ("Executor errors (with curation.valid_only, workflows that never ran) and near-duplicate workflows "
+               "removed, groups of n formed per query and screened by score std (kept flag + reason for every group).")
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
