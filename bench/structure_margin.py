@@ -27,16 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# The anchored prompt's three structures, as completions of its last example slot.
-STRUCTURES = {
-    "io": ' solution = await self.code_generate(instruction="Write the function.")\n         return solution\n',
-    "gen_test": (' solution = await self.code_generate(instruction="Write the function.")\n'
-                 '         return await self.test(solution=solution)\n'),
-    "sc3_test": (' solutions = []\n         for i in range(3):\n'
-                 '             solutions.append(await self.code_generate(instruction="Write the function."))\n'
-                 '         best = await self.sc_ensemble(solutions=solutions)\n'
-                 '         return await self.test(solution=best)\n'),
-}
+# The anchored prompt's three structures, as completions of its last example slot (what `generator.anchors` adds).
+from spogw_dagster.pipeline.domain.anchors import anchor_completions  # noqa: E402
+
+STRUCTURES = dict(zip(("io", "gen_test", "sc3_test"), anchor_completions("code", "anchored")))
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -104,12 +104,17 @@ class GeneratorSection(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # what the prompt shows besides the operators (workflow/template.PROMPT_STYLES)
     prompt: Literal["examples", "one_example", "operators", "anchored"] = "examples"
+    # add the workflows the prompt shows to every training query's samples (off-policy rows scored and grouped
+    # like samples; pipeline/domain/anchors.py): each group then holds the structures a policy rarely samples
+    anchors: bool = False
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
         d = handler(self)
         if isinstance(d, dict) and d.get("prompt") == "examples":  # the default: older configs keep their hash
             d.pop("prompt")
+        if isinstance(d, dict) and d.get("anchors") is False:  # likewise
+            d.pop("anchors")
         return d
 
     @field_validator("model")
@@ -472,6 +477,13 @@ class SpogwConfig(BaseModel):
                              f"{self.training.lora_dropout}: each process would draw other dropout masks than one "
                              "process does, so the run would not be the 1-process run; set lora_dropout: 0 or "
                              "processes: 1")
+        if self.generator.anchors and self.generator.prompt not in ("anchored", "examples"):
+            raise ValueError(f"generator.anchors adds the workflows the prompt shows, and prompt "
+                             f"{self.generator.prompt!r} shows none that every query shares; set generator.prompt "
+                             "to 'anchored' or 'examples', or anchors to false")
+        if self.generator.anchors and self.refinement.enabled:
+            raise ValueError("generator.anchors with W4S refinement (refinement.turns > 1): a turn's candidates are "
+                             "sampled from the state's prompt, which shows no anchors; set one of them off")
         if self.benchmark.data_path is None:
             if get_spec(self.benchmark.name).needs_path:
                 raise ValueError(f"benchmark {self.benchmark.name!r} ships in no package: set benchmark.data_path "

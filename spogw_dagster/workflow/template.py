@@ -273,6 +273,25 @@ def anchored_prompt(family: str, question: str) -> str:
     return "\n".join(parts)
 
 
+def shown_workflows(family: str, style: str) -> tuple[str, ...]:
+    """The method bodies of the workflows `generator_prompt(family, _, style)` shows, in the prompt's order."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown generator prompt style {style!r}; expected one of {', '.join(PROMPT_STYLES)}")
+    if style == "anchored":
+        return (TEMPLATES[family][len(WORKFLOW_HEADER):], *ANCHORED_EXAMPLES[family])
+    if style == "examples":
+        return FEW_SHOT[family]
+    return ()  # one_example shows a different one per query; operators shows none
+
+
+def as_completion(body: str) -> str:
+    """A method body (8-space lines) written the way the generator completes the prompt's prefilled 8 spaces: a
+    leading space (the tokenizer gives the first word its own), then every line one column right (Qwen2.5-Coder
+    wrote 255 of 256 distinct training completions so). Its tokens are then the ones the generator samples."""
+    lines = [" " + line if line.strip() else line for line in body.rstrip("\n").split("\n")]
+    return "\n".join(lines)[8:] + "\n"
+
+
 def assemble_workflow(completion: str) -> str:
     """Rebuild the full class from a completion of `generator_prompt` (which prefilled 8 spaces)."""
     return WORKFLOW_HEADER + "        " + completion

@@ -1,7 +1,8 @@
 """Iteration k's sampled rows: m workflows per training query from π_{k-1} (the base model at k = 0), then, with
 W4S refinement on (refinement.turns = T > 1), its turns: self-check repairs, feedback runs on validation queries,
 the best candidate advancing each query's state, the next turn sampled from a prompt showing it
-(`domain/refinement.py` holds the feedback pieces, `core/methods/w4s.py` the state rule). No Dagster: the asset
+(`domain/refinement.py` holds the feedback pieces, `core/methods/w4s.py` the state rule); with
+`generator.anchors`, the prompt's own workflows as rows after the m samples (`domain/anchors.py`). No Dagster: the asset
 `sampled_workflows` and the comparison's own data for W4S call it with a `PipelineResource`'s services and a
 `say` for progress lines."""
 
@@ -13,6 +14,7 @@ import polars as pl
 
 from spogw_dagster.core.methods.w4s import pick_state
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.domain.anchors import anchor_rows
 from spogw_dagster.pipeline.domain.generation import generate_samples, sample_prompts
 from spogw_dagster.pipeline.domain.refinement import accuracy, feedback_problems, feedback_text, run_feedback
 from spogw_dagster.seeds import derive_seed
@@ -40,6 +42,10 @@ def sample_iteration(pipeline, cfg, k: int, parent, problems, seed: int, say: Sa
     )
     if cfg.refinement.enabled:
         df = _refine(say, pipeline, cfg, k, parent, problems[0].family, df)
+    if cfg.generator.anchors:
+        anchors = anchor_rows(cfg, k, parent, problems, first_idx=cfg.curation.m)
+        say(f"added {anchors.height} anchor rows (the prompt's {anchors.height // len(problems)} workflows per query)")
+        df = pl.concat([df, anchors], how="vertical").sort(["query_id", "sample_idx"])
     return df, tps
 
 

@@ -13,6 +13,7 @@ import polars as pl
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say, versioned
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH
 from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
 from spogw_dagster.seeds import derive_seed
 from spogw_dagster.workflow.copies import copied_from, distinct_count
@@ -46,8 +47,11 @@ def sampled_workflows(context: dg.AssetExecutionContext, pipeline: PipelineResou
 
 
 def _metadata(df: pl.DataFrame, parent, queries: int, tps: float, seed: int, family: str) -> dict[str, Any]:
+    anchors = df.filter(pl.col("finish_reason") == ANCHOR_FINISH).height
+    df = df.filter(pl.col("finish_reason").ne_missing(ANCHOR_FINISH))  # the rates describe the policy, not the prompt
     parse = dict(Counter(df["parse_status"].to_list()))
     return {
+        "anchor_rows": dg.MetadataValue.int(anchors),
         "parent_checkpoint": dg.MetadataValue.json(
             parent.as_metadata() if parent else {"partition": None, "path": None, "adapter_sha256": None,
                                                  "note": "iteration 0 samples from the base model"}),
