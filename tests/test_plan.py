@@ -190,3 +190,15 @@ def main_plan_text(tmp_path, capsys) -> str:
 
     assert main(["plan", "--profile", "tiny", "--assets-dir", str(tmp_path)]) == 0
     return capsys.readouterr().out
+
+
+def test_anchors_add_executed_workflows_and_group_members_but_no_samples():
+    from spogw_dagster.pipeline.settings import load_config
+
+    off = plan_from_config(load_config("answers"))
+    on = plan_from_config(load_config("answers", overrides={"generator": {"anchors": True}}))
+    # answers: d = 16, m = 8, n = 4, g_max = 4; the anchored prompt shows 3 workflows
+    assert (on.samples, on.workflows, on.anchors) == (128, 16 * 11, 3) and off.workflows == 128
+    assert on.executor_calls == 16 * 11 * 8  # the cap, one run
+    assert on.unique_per_query == 11 and off.unique_per_query == 8  # at most m + anchors distinct rows per query
+    assert "+ 3 of the prompt's workflows per query" in format_plan(on) and "C(11, 4) = 330" in format_plan(on)

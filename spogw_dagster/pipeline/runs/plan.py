@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster import bundled_models as bm
+from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.core.methods.catalog import METHODS
 from spogw_dagster.models import DEFAULT_MODEL
+from spogw_dagster.pipeline.domain.anchors import anchor_completions
 
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "W4SPlan", "w4s_plan", "w4s_plans_from_config",
@@ -186,6 +188,7 @@ class IterationPlan:
     train_unique_s: float | None = 0.0
     report_s: float | None = 0.0
     processes: int = 1  # training.processes: a step's micro-batches dealt to this many processes
+    anchors: int = 0  # generator.anchors: the prompt's workflows added to each query's samples (executed, grouped)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -199,9 +202,11 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
                    max_llm_calls: int, executor_max_tokens: int, batch_size: int, grad_accum: int = 1,
                    epochs: int = 1, heldout: int = 0, report_greedy: bool = True, report_samples: int = 0,
                    first_iteration: bool = False, measured: Measured | None = None,
-                   speeds: Speeds | None = None, processes: int = 1, report_runs: int | None = None) -> IterationPlan:
+                   speeds: Speeds | None = None, processes: int = 1, report_runs: int | None = None,
+                   anchors: int = 0) -> IterationPlan:
     """The work of one iteration (module docstring). Measured averages replace the caps where given.
-    `report_runs`: executor runs per held-out workflow (`report.runs`; None = `runs`)."""
+    `report_runs`: executor runs per held-out workflow (`report.runs`; None = `runs`). `anchors`: workflows
+    added to each query's m samples (`generator.anchors`), executed and grouped, not generated."""
     ms = measured or Measured()
     sp = speeds or Speeds()
     samples = d * m
@@ -211,9 +216,9 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
     cpw = float(ms.calls_per_workflow) if calls_measured else float(max_llm_calls)
     ct_measured = ms.completion_tokens_per_call is not None
     ct_call = float(ms.completion_tokens_per_call) if ct_measured else float(executor_max_tokens)
-    workflows = samples
+    workflows = samples + d * anchors
     calls = workflows * runs * cpw
-    g, rows_q, uniq_q = training_rows_per_query(m, n, t, g_max)
+    g, rows_q, uniq_q = training_rows_per_query(m + anchors, n, t, g_max)
     rows, uniq = d * rows_q, d * uniq_q
     policies = 2 if first_iteration else 1  # the base model's report rows at k = 0
     report_wf = heldout * (int(report_greedy) + report_samples) * policies
@@ -231,7 +236,7 @@ def plan_iteration(*, d: int, m: int, n: int, t: int, g_max: int, runs: int = 1,
         executor_prompt_tokens=None if pt is None else calls * pt,
         groups_per_query=g, rows_per_query=rows_q, unique_per_query=uniq_q, training_rows=rows,
         training_rows_unique=uniq, steps=_steps(rows, batch_size, grad_accum, epochs),
-        steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs, processes=processes,
+        steps_unique=_steps(uniq, batch_size, grad_accum, epochs), epochs=epochs, processes=processes, anchors=anchors,
         report_workflows=report_wf, report_executor_calls=report_calls,
         speeds=sp,
         generator_s=_per(gen_tokens, sp.generator_tps),
@@ -258,7 +263,13 @@ def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds 
         batch_size=tr.batch_size, grad_accum=getattr(tr, "grad_accum", 1), epochs=tr.epochs,
         heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
         first_iteration=first_iteration, measured=measured, speeds=speeds,
-        processes=getattr(tr, "processes", 1), report_runs=getattr(cfg.report, "runs", None))
+        processes=getattr(tr, "processes", 1), report_runs=getattr(cfg.report, "runs", None),
+        anchors=_anchors(cfg))
+
+
+def _anchors(cfg: Any) -> int:
+    g = cfg.generator
+    return len(anchor_completions(get_spec(cfg.benchmark.name).family, g.prompt)) if getattr(g, "anchors", False) else 0
 
 
 @dataclass(frozen=True)
@@ -368,11 +379,14 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
                  f"{_n(p.generator_tokens)} generated tokens ({_n(p.tokens_per_sample)} per sample, "
                  f"{how(p.tokens_per_sample_is_measured, 'generator.max_new_tokens')})")
     pt = "" if p.executor_prompt_tokens is None else f" + {_n(p.executor_prompt_tokens)} prompt tokens"
+    if p.anchors:
+        lines.append(f"  anchors   : + {p.anchors} of the prompt's workflows per query (generator.anchors), executed "
+                     "and grouped with the samples")
     lines.append(f"  executor  : {_n(p.workflows)} workflows x R = {p.runs} run(s) x {_n(p.calls_per_workflow)} "
                  f"calls ({how(p.calls_are_measured, 'executor.max_llm_calls')}) = {_n(p.executor_calls)} calls; "
                  f"{_n(p.executor_completion_tokens)} completion tokens ({_n(p.completion_tokens_per_call)} per call, "
                  f"{how(p.completion_tokens_are_measured, 'executor.max_tokens')}){pt}")
-    lines.append(f"  groups    : min(C({p.m}, {p.n}) = {math.comb(p.m, p.n):,}, g_max = {p.g_max}) = "
+    lines.append(f"  groups    : min(C({p.m + p.anchors}, {p.n}) = {math.comb(p.m + p.anchors, p.n):,}, g_max = {p.g_max}) = "
                  f"{p.groups_per_query} per query (at m' = m; near-duplicates lower m', screening drops groups)")
     lines.append(f"  training  : {_n(p.rows_per_query)} rows per query ({p.groups_per_query} groups x 2t = {2 * p.t}),"
                  f" {_n(p.training_rows)} rows, {_n(p.steps)} optimizer steps over {p.epochs} epoch(s); after "
