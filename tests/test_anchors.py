@@ -53,7 +53,9 @@ def test_anchor_rows_follow_the_m_samples_with_the_scorers_tokens_and_logprobs()
     assert df["sample_idx"].to_list() == [8, 9, 10, 8, 9, 10]
     assert set(df["finish_reason"]) == {ANCHOR_FINISH} and set(df["parse_status"]) == {"ok"}
     assert df["prompt"][0] == generator_prompt("code", problems[0].question, "anchored")
-    assert seen[0] == (df["prompt"][0], IO) and seen[4] == (df["prompt"][3], GEN_TEST)
+    # scored with the generator's end (a blank line, then the next example's `#`), stored as the workflow's text
+    assert seen[0] == (df["prompt"][0], IO + "\n#") and seen[4] == (df["prompt"][3], GEN_TEST + "\n#")
+    assert df["completion"][0] == IO
     assert df["n_tokens"].to_list() == [1, 2, 3, 4, 5, 6]
     assert df["sum_logprob"][5] == pytest.approx(-3.0)
     assert df["parent_iteration"].to_list() == [None] * 6
@@ -75,7 +77,7 @@ def test_teacher_forced_anchor_logprobs_on_the_bundled_model():
 
     cfg = load_config("tiny", overrides={"generator": {"anchors": True}})
     prompt = generator_prompt("code", _problem(1).question, cfg.generator.prompt)
-    ids, lps = _teacher_forced(cfg.generator, None)([prompt, prompt], [IO, GEN_TEST])
+    ids, lps = _teacher_forced(cfg.generator, None)([prompt, prompt], [IO + "\n#", GEN_TEST + "\n#"])
     assert [len(i) for i in ids] == [len(lp) for lp in lps] and len(ids[1]) > len(ids[0])
     assert all(math.isfinite(v) and v <= 0 for lp in lps for v in lp) and sum(lps[0]) < -1
     assert ids[0][:10] == ids[1][:10]  # the same first line, tokenized alike

@@ -8,6 +8,11 @@ any sample and gets its group's advantage; its π_old is its teacher-forced log-
 generator's temperature (no top-p, so every token has a finite log-prob). Anchors take the sample indices after
 the m sampled ones, so a sampled copy of an anchor (a lower index) is the one near-duplicate filtering keeps.
 They are marked by `finish_reason` "anchor".
+
+An anchor's tokens end as a sampled workflow's do: the body, a blank line, then the `#` that starts the next
+example (the generator's stop, `GENERATOR_STOP`). Without that end, run I's first try trained `)\n` as the last
+token of a well-rewarded workflow, a token that in the generator's own samples is always followed by another
+line: the checkpoint then wrote `return` lines after `return` on 32 of 40 held-out queries (invalid, dead code).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from spogw_dagster.workflow.template import as_completion, generator_prompt, sho
 __all__ = ["ANCHOR_FINISH", "anchor_completions", "anchor_rows"]
 
 ANCHOR_FINISH = "anchor"
+END = "\n#"  # after the body's last newline: the blank line and the next example's comment, where sampling stops
 
 
 def anchor_completions(family: str, style: str) -> tuple[str, ...]:
@@ -41,7 +47,7 @@ def anchor_rows(cfg, k: int, parent, problems: Sequence[Problem], first_idx: int
     family = problems[0].family
     completions = anchor_completions(family, g.prompt)
     prompts = [generator_prompt(p.family, p.question, g.prompt) for p in problems]
-    pairs = [(p, c) for p in prompts for c in completions]
+    pairs = [(p, c + END) for p in prompts for c in completions]
     ids, lps = (score or _teacher_forced(g, parent))([p for p, _ in pairs], [c for _, c in pairs])
     a = len(completions)
     samples = [[tables.Sample(completions[j], ids[i * a + j], lps[i * a + j], ANCHOR_FINISH) for j in range(a)]
