@@ -63,6 +63,7 @@ def test_anchor_rows_follow_the_m_samples_with_the_scorers_tokens_and_logprobs()
 
 def test_anchors_off_keeps_the_hash_and_bad_combinations_are_refused():
     base = load_config("answers")
+    assert "anchors" not in base.canonical()["generator"]  # off: not in the hashed form, so older hashes hold
     assert config_hash(base) == config_hash(load_config("answers", overrides={"generator": {"anchors": False}}))
     assert config_hash(base) != config_hash(load_config("answers", overrides={"generator": {"anchors": True}}))
     with pytest.raises(ConfigValidationError, match="anchors"):
@@ -81,4 +82,29 @@ def test_teacher_forced_anchor_logprobs_on_the_bundled_model():
     assert [len(i) for i in ids] == [len(lp) for lp in lps] and len(ids[1]) > len(ids[0])
     assert all(math.isfinite(v) and v <= 0 for lp in lps for v in lp) and sum(lps[0]) < -1
     assert ids[0][:10] == ids[1][:10]  # the same first line, tokenized alike
+    from spogw_dagster.models import load_tokenizer, resolve_model
+
+    tok = load_tokenizer(resolve_model(cfg.generator.model))
+    assert tok.decode(ids[0]) == IO + "\n#"  # the scored tokens carry the end (a blank line, then `#`)
     assert lps[0][:10] == pytest.approx(lps[1][:10], abs=1e-4)  # and scored alike (one prompt, teacher-forced)
+
+
+def test_an_anchor_longer_than_the_budget_is_refused():
+    cfg = load_config("answers", overrides={"generator": {"anchors": True, "max_new_tokens": 40}})
+    def score(prompts, completions):
+        return [[1] * 41 for _ in prompts], [[-0.1] * 41 for _ in prompts]
+
+    with pytest.raises(ValueError, match="generator.max_new_tokens=40"):
+        anchor_rows(cfg, 0, None, [_problem(1)], first_idx=8, score=score)
+    cut = load_config("answers", overrides={"generator": {"anchors": True}, "training": {"max_completion_tokens": 30}})
+    with pytest.raises(ValueError, match="training.max_completion_tokens=30"):
+        anchor_rows(cut, 0, None, [_problem(1)], first_idx=8, score=score)
+
+
+def test_methods_that_sample_their_own_data_sample_without_anchors():
+    from spogw_dagster.pipeline.defs.assets.objective_comparison import method_config
+
+    cfg = load_config("answers", overrides={"generator": {"anchors": True}})
+    assert method_config(cfg, "spogw").generator.anchors  # trained on the loop's rows, anchors among them
+    assert not method_config(cfg, "score_dpo").generator.anchors  # ScoreFlow samples its own, as its paper
+    assert not method_config(cfg, "w4s").generator.anchors  # W4S's turns (refused with anchors) run

@@ -86,7 +86,9 @@ def test_measure_assets_averages_stored_tables(tmp_path):
         .write_parquet(tmp_path / "execution_scores" / "0000.parquet")
     pl.DataFrame({"llm_calls": [3], "prompt_tokens": [0], "completion_tokens": [0]}) \
         .write_parquet(tmp_path / "execution_scores" / "0001.parquet")
-    pl.DataFrame({"n_tokens": [10, 20, 30]}).write_parquet(tmp_path / "sampled_workflows" / "0000.parquet")
+    # an anchor row (generator.anchors) was not sampled: it does not count
+    pl.DataFrame({"n_tokens": [10, 20, 30, 99], "finish_reason": ["stop", "length", None, "anchor"]}) \
+        .write_parquet(tmp_path / "sampled_workflows" / "0000.parquet")
     m = measure_assets(tmp_path)
     assert m.workflows == 4 and m.calls_per_workflow == pytest.approx(9 / 4)
     assert m.prompt_tokens_per_call == pytest.approx(300 / 9) and m.completion_tokens_per_call == pytest.approx(10)

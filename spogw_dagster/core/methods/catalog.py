@@ -95,6 +95,8 @@ def method_overrides(name: str, n: int, t: int | None = None, *, w4s_turns: int 
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
     out = {section: dict(fields) for section, fields in METHODS[name].items()}
+    if own_data(name):  # it samples as its paper does: not the loop's anchor rows (generator.anchors)
+        out.setdefault("generator", {})["anchors"] = False
     if "refinement" in out:
         out["refinement"].update(turns=w4s_turns, feedback_queries=w4s_feedback_queries)
     cur = out.get("curation", {})

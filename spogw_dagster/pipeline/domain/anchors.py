@@ -50,12 +50,24 @@ def anchor_rows(cfg, k: int, parent, problems: Sequence[Problem], first_idx: int
     pairs = [(p, c + END) for p in prompts for c in completions]
     ids, lps = (score or _teacher_forced(g, parent))([p for p, _ in pairs], [c for _, c in pairs])
     a = len(completions)
+    _fits(max(len(i) for i in ids), g.max_new_tokens, cfg.training.max_completion_tokens)
     samples = [[tables.Sample(completions[j], ids[i * a + j], lps[i * a + j], ANCHOR_FINISH) for j in range(a)]
                for i in range(len(prompts))]
     return tables.sampled_frame(
         k, [p.id for p in problems], prompts, samples, family,
         parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,
         generator=g.model, sample_idx=[[first_idx + j for j in range(a)] for _ in prompts])
+
+
+def _fits(longest: int, max_new_tokens: int, max_completion_tokens: int | None) -> None:
+    """An anchor the policy could not write within its token budget is no structure it can learn, and one the
+    trainer cuts loses its end (the failure the module docstring names): refuse both."""
+    if longest > max_new_tokens:
+        raise ValueError(f"an anchor workflow is {longest} tokens, above generator.max_new_tokens={max_new_tokens}: "
+                         "the generator could never write it; raise max_new_tokens or set generator.anchors: false")
+    if max_completion_tokens is not None and longest > max_completion_tokens:
+        raise ValueError(f"an anchor workflow is {longest} tokens, above training.max_completion_tokens="
+                         f"{max_completion_tokens}, so training would cut its end; raise it or set anchors: false")
 
 
 def _teacher_forced(g, parent):

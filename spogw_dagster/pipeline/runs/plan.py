@@ -8,7 +8,8 @@ defaults were measured on this project's 2-core CPU machine with SmolLM2-135M).
 Counts per iteration k (d training queries, m samples each, groups of n, top/bottom t, at most g_max groups):
 
 - generator: d·m samples of at most `max_new_tokens` each;
-- executor: d·m workflows × R runs × calls per workflow (measured average, else the `max_llm_calls` cap: an
+- anchors (`generator.anchors`): a more workflows per query, executed and grouped, not sampled (m + a below);
+- executor: d·(m + a) workflows × R runs × calls per workflow (measured average, else the `max_llm_calls` cap: an
   upper bound), each call at most `executor.max_tokens` completion tokens;
 - training rows (the paper's grouping): with m' ≤ m usable workflows of a query, min(C(m', n), g_max) groups,
   each sharpened to 2t rows: groups × 2t rows per query before aggregation; after unique-workflow aggregation
@@ -31,7 +32,7 @@ from spogw_dagster import bundled_models as bm
 from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.core.methods.catalog import METHODS
 from spogw_dagster.models import DEFAULT_MODEL
-from spogw_dagster.pipeline.domain.anchors import anchor_completions
+from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH, anchor_completions
 
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "W4SPlan", "w4s_plan", "w4s_plans_from_config",
@@ -349,7 +350,8 @@ def measure_assets(root: str | Path) -> Measured | None:
                       completion_tokens_per_call=float(ex["completion_tokens"].sum()) / calls)
         parts.append(f"execution_scores ({ex.height} workflows, {len(ex_files)} partitions)")
     if sw_files:
-        sw = pl.concat([pl.read_parquet(f, columns=["n_tokens"]) for f in sw_files], how="vertical_relaxed")
+        sw = pl.concat([pl.read_parquet(f, columns=["n_tokens", "finish_reason"]) for f in sw_files],
+                       how="vertical_relaxed").filter(pl.col("finish_reason").ne_missing(ANCHOR_FINISH))  # sampled only
         if sw.height:
             kw.update(samples=sw.height, tokens_per_sample=float(sw["n_tokens"].mean()))
         parts.append(f"sampled_workflows ({sw.height} samples)")
@@ -387,10 +389,11 @@ def format_plan(p: IterationPlan, title: str = "") -> str:
                  f"{_n(p.executor_completion_tokens)} completion tokens ({_n(p.completion_tokens_per_call)} per call, "
                  f"{how(p.completion_tokens_are_measured, 'executor.max_tokens')}){pt}")
     lines.append(f"  groups    : min(C({p.m + p.anchors}, {p.n}) = {math.comb(p.m + p.anchors, p.n):,}, g_max = {p.g_max}) = "
-                 f"{p.groups_per_query} per query (at m' = m; near-duplicates lower m', screening drops groups)")
+                 f"{p.groups_per_query} per query (at m' = m{' + anchors' if p.anchors else ''}; near-duplicates lower m', "
+                 "screening drops groups)")
     lines.append(f"  training  : {_n(p.rows_per_query)} rows per query ({p.groups_per_query} groups x 2t = {2 * p.t}),"
                  f" {_n(p.training_rows)} rows, {_n(p.steps)} optimizer steps over {p.epochs} epoch(s); after "
-                 f"unique-workflow aggregation <= {p.unique_per_query} per query (<= m), {_n(p.training_rows_unique)} "
+                 f"unique-workflow aggregation <= {p.unique_per_query} per query (<= m{' + anchors' if p.anchors else ''}), {_n(p.training_rows_unique)} "
                  f"rows, {_n(p.steps_unique)} steps"
                  + (f"; on {p.processes} processes (accelerate launch; a training speed is the whole job's)"
                     if p.processes > 1 else ""))
