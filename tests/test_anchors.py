@@ -62,10 +62,10 @@ def test_anchor_rows_follow_the_m_samples_with_the_scorers_tokens_and_logprobs()
 
 
 def test_anchors_off_keeps_the_hash_and_bad_combinations_are_refused():
-    base = load_config("answers")
+    base = load_config("tiny")
     assert "anchors" not in base.canonical()["generator"]  # off: not in the hashed form, so older hashes hold
-    assert config_hash(base) == config_hash(load_config("answers", overrides={"generator": {"anchors": False}}))
-    assert config_hash(base) != config_hash(load_config("answers", overrides={"generator": {"anchors": True}}))
+    assert config_hash(base) == config_hash(load_config("tiny", overrides={"generator": {"anchors": False}}))
+    assert config_hash(base) != config_hash(load_config("tiny", overrides={"generator": {"anchors": True}}))
     with pytest.raises(ConfigValidationError, match="anchors"):
         load_config("answers", overrides={"generator": {"anchors": True, "prompt": "one_example"}})
     with pytest.raises(ConfigValidationError, match="refinement"):

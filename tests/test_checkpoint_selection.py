@@ -96,7 +96,7 @@ def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
         assert section_hash(on, asset) == section_hash(off, asset)
     assert on.train_config().identity() == off.train_config().identity()  # the trainer never sees it: no retraining
     # W4S's feedback queries can come off the validation split the gate scores
-    w4s = load_config("answers", overrides={"selection": {"enabled": True},
+    w4s = load_config("answers", overrides={"selection": {"enabled": True}, "generator": {"anchors": False},
                                             "refinement": {"turns": 2, "feedback_split": "validation"}})
     assert section_hash(w4s, "lora_checkpoint") != section_hash(on, "lora_checkpoint")
     # ... and so can the comparison's W4S, with the loop's refinement off (a section not hashed then)

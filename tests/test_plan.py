@@ -197,8 +197,8 @@ def main_plan_text(tmp_path, capsys) -> str:
 def test_anchors_add_executed_workflows_and_group_members_but_no_samples():
     from spogw_dagster.pipeline.settings import load_config
 
-    off = plan_from_config(load_config("answers"))
-    on = plan_from_config(load_config("answers", overrides={"generator": {"anchors": True}}))
+    off = plan_from_config(load_config("answers", overrides={"generator": {"anchors": False}}))
+    on = plan_from_config(load_config("answers"))  # the profile anchors
     # answers: d = 16, m = 8, n = 4, g_max = 4; the anchored prompt shows 3 workflows
     assert (on.samples, on.workflows, on.anchors) == (128, 16 * 11, 3) and off.workflows == 128
     assert on.executor_calls == 16 * 11 * 8  # the cap, one run
