@@ -48,6 +48,7 @@ from spogw_dagster.core.training import TrainConfig, registry
 from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
+from spogw_dagster.workflow.template import shown_workflows
 
 __all__ = [
     "ConfigValidationError",
@@ -477,7 +478,7 @@ class SpogwConfig(BaseModel):
                              f"{self.training.lora_dropout}: each process would draw other dropout masks than one "
                              "process does, so the run would not be the 1-process run; set lora_dropout: 0 or "
                              "processes: 1")
-        if self.generator.anchors and self.generator.prompt not in ("anchored", "examples"):
+        if self.generator.anchors and not shown_workflows(get_spec(self.benchmark.name).family, self.generator.prompt):
             raise ValueError(f"generator.anchors adds the workflows the prompt shows, and prompt "
                              f"{self.generator.prompt!r} shows none that every query shares; set generator.prompt "
                              "to 'anchored' or 'examples', or anchors to false")

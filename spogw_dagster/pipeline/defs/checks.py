@@ -25,14 +25,13 @@ import warnings
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.models import load_model_and_tokenizer
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.checkpoints import adapter_sha256
 from spogw_dagster.pipeline.data.tables import internal_error_rows
 from spogw_dagster.pipeline.defs.partitions import iteration_key, iterations
 from spogw_dagster.pipeline.defs.resources import PipelineResource
-from spogw_dagster.pipeline.domain.anchors import anchor_completions
+from spogw_dagster.pipeline.domain.anchors import anchors_per_query
 from spogw_dagster.pipeline.domain.outage import executed_error_share
 
 
@@ -51,9 +50,7 @@ def _ck(**kw):
                                             "refinement turn; plus the prompt's workflows with generator.anchors).")
 def m_workflows_per_query(sampled_workflows: pl.DataFrame, pipeline: PipelineResource) -> dg.AssetCheckResult:
     cfg = pipeline.config()
-    m, d = cfg.curation.m * cfg.refinement.turns, cfg.benchmark.train_queries
-    if cfg.generator.anchors:
-        m += len(anchor_completions(get_spec(cfg.benchmark.name).family, cfg.generator.prompt))
+    m, d = cfg.curation.m * cfg.refinement.turns + anchors_per_query(cfg), cfg.benchmark.train_queries
     counts = sampled_workflows.group_by("query_id").len()
     wrong = counts.filter(pl.col("len") != m)
     queries = counts.height

@@ -21,11 +21,12 @@ from typing import Sequence
 
 import polars as pl
 
+from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.contracts import Problem
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.workflow.template import as_completion, generator_prompt, shown_workflows
 
-__all__ = ["ANCHOR_FINISH", "anchor_completions", "anchor_rows"]
+__all__ = ["ANCHOR_FINISH", "anchor_completions", "anchor_rows", "anchors_per_query"]
 
 ANCHOR_FINISH = "anchor"
 END = "\n#"  # after the body's last newline: the blank line and the next example's comment, where sampling stops
@@ -38,6 +39,12 @@ def anchor_completions(family: str, style: str) -> tuple[str, ...]:
         raise ValueError(f"generator.anchors needs a prompt that shows fixed workflows; {style!r} shows none per "
                          "query alike; fix: set generator.prompt to 'anchored' or 'examples', or anchors to false")
     return tuple(as_completion(b) for b in shown)
+
+
+def anchors_per_query(cfg) -> int:
+    """How many anchor rows each training query gets under `cfg` (0 with `generator.anchors` off)."""
+    g = cfg.generator
+    return len(anchor_completions(get_spec(cfg.benchmark.name).family, g.prompt)) if g.anchors else 0
 
 
 def anchor_rows(cfg, k: int, parent, problems: Sequence[Problem], first_idx: int, score=None) -> pl.DataFrame:

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from spogw_dagster import bundled_models as bm
-from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.core.methods.catalog import METHODS
 from spogw_dagster.models import DEFAULT_MODEL
-from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH, anchor_completions
+from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH, anchors_per_query
 
 __all__ = ["Speeds", "speeds_for_config", "Measured", "IterationPlan", "groups_per_query", "training_rows_per_query", "plan_iteration",
            "plan_from_config", "measure_assets", "format_plan", "W4SPlan", "w4s_plan", "w4s_plans_from_config",
@@ -265,12 +264,7 @@ def plan_from_config(cfg: Any, measured: Measured | None = None, speeds: Speeds 
         heldout=cfg.benchmark.heldout_queries, report_greedy=cfg.report.greedy, report_samples=cfg.report.samples,
         first_iteration=first_iteration, measured=measured, speeds=speeds,
         processes=getattr(tr, "processes", 1), report_runs=getattr(cfg.report, "runs", None),
-        anchors=_anchors(cfg))
-
-
-def _anchors(cfg: Any) -> int:
-    g = cfg.generator
-    return len(anchor_completions(get_spec(cfg.benchmark.name).family, g.prompt)) if getattr(g, "anchors", False) else 0
+        anchors=anchors_per_query(cfg))
 
 
 @dataclass(frozen=True)
