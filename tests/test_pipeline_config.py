@@ -97,6 +97,11 @@ def test_hashes():
     assert config_hash(a) == config_hash(b)
     # the number of iterations changes no asset's content
     assert config_hash(load_config("ci", overrides={"iterations": 5})) == config_hash(a)
+    # nor where the call cache lives (`--seeds` shares one file; a moved assets directory keeps its iterations)
+    moved = load_config("ci", overrides={"executor": {"cache_file": "/elsewhere/call_cache.sqlite"}})
+    assert config_hash(moved) == config_hash(a) and section_hash(moved, "execution_scores") == section_hash(
+        a, "execution_scores")
+    assert config_hash(load_config("ci", overrides={"executor": {"cache": False}})) != config_hash(a)
     c = load_config("ci", overrides={"report": {"baselines": ["io", "cot"]}})
     assert config_hash(c) != config_hash(a)
     assert section_hash(c, "sampled_workflows") == section_hash(a, "sampled_workflows")

@@ -581,6 +581,10 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
             d[section]["reserved_validation"] = reserved
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
+    # Where the executor's call cache lives is storage, not configuration: `--seeds` points every seed at one
+    # shared file, so with the path hashed a copied or moved `--seeds` run got another hash and redid finished
+    # iterations. Hashed as the default, so runs that never set it keep their hashes.
+    d["executor"]["cache_file"] = ExecutorSection.model_fields["cache_file"].default
     return d
 
 
