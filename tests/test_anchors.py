@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import polars as pl
 import pytest
 
 from spogw_dagster.contracts import Problem
@@ -108,3 +109,18 @@ def test_methods_that_sample_their_own_data_sample_without_anchors():
     assert method_config(cfg, "spogw").generator.anchors  # trained on the loop's rows, anchors among them
     assert not method_config(cfg, "score_dpo").generator.anchors  # ScoreFlow samples its own, as its paper
     assert not method_config(cfg, "w4s").generator.anchors  # W4S's turns (refused with anchors) run
+
+
+def test_execution_metadata_tells_the_policys_samples_from_anchors():
+    from spogw_dagster.pipeline.defs.assets.execution_scores import _sampled_metadata
+
+    sampled = pl.DataFrame({"query_id": ["a", "a", "a", "b", "b"], "sample_idx": [0, 1, 2, 0, 1],
+                            "finish_reason": ["stop", "stop", ANCHOR_FINISH, "length", ANCHOR_FINISH]})
+    executed = pl.DataFrame({"query_id": ["a", "a", "a", "b", "b"], "sample_idx": [0, 1, 2, 0, 1],
+                             "status": ["success", "invalid", "success", "format_error", "success"],
+                             "answer_score": [1.0, 0.0, 1.0, 0.0, 1.0]})
+    md = _sampled_metadata(executed, sampled)
+    # own samples: a/0 (1.0, valid), a/1 (0.0, invalid), b/0 (0.0, format_error); anchors a/2 and b/1
+    assert md["anchor_rows"].value == 2
+    assert md["sampled_mean_answer_score"].value == round(1 / 3, 4)
+    assert md["sampled_valid_rate"].value == round(1 / 3, 4)

@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from spogw_dagster.contracts import Status
 from spogw_dagster.pipeline.data import report_stats, tables
 from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.assets.common import (
@@ -25,10 +26,12 @@ from spogw_dagster.pipeline.defs.assets.common import (
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.plots import score_histogram
 from spogw_dagster.pipeline.defs.resources import PipelineResource
+from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.outage import executed_rows
 
 NAME = "execution_scores"
+NOT_VALID = (Status.FORMAT_ERROR.value, Status.INVALID.value)
 GROUP = "execution"
 KINDS = {"python", "parquet"}
 DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against the executor and scored (reward "
@@ -61,6 +64,7 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
                             partition_key=context.partition_key, cache_path=pipeline.cache_path())
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0), **_metadata(df, k, counters),
+        **_sampled_metadata(df, sampled_workflows),
         "executor": dg.MetadataValue.text(executor_model),
         "isolation": dg.MetadataValue.text(iso.name),
         "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
@@ -70,6 +74,19 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
                  f"executor calls {counters['new_calls']} new / {counters['cache_hits']} cached, "
                  f"{time.monotonic() - t0:.1f} s")
     return df
+
+
+def _sampled_metadata(df: pl.DataFrame, sampled: pl.DataFrame) -> dict[str, Any]:
+    """The policy's own samples apart from `generator.anchors`' rows: the means above count both, and anchors
+    (the prompt's fixed workflows) would otherwise pass for what the policy writes."""
+    anchors = sampled.filter(pl.col("finish_reason") == ANCHOR_FINISH).select("query_id", "sample_idx")
+    own = df.join(anchors, on=["query_id", "sample_idx"], how="anti")
+    return {
+        "anchor_rows": dg.MetadataValue.int(df.height - own.height),
+        "sampled_mean_answer_score": dg.MetadataValue.float(round(float(own["answer_score"].mean() or 0.0), 4)),
+        "sampled_valid_rate": dg.MetadataValue.float(
+            round(float((~own["status"].is_in(NOT_VALID)).mean()), 4) if own.height else 0.0),
+    }
 
 
 def _metadata(df: pl.DataFrame, k: int, counters: dict[str, int]) -> dict[str, Any]:
