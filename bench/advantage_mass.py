@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="the run's YAML config (or a profile name)")
     ap.add_argument("--assets-dir", required=True, type=Path, help="the run's seed folder")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="the training seed the run used (`spogw run --seeds`: it seeds group sampling); default: "
+                         "N when the folder is named seed-N, else the config's")
     ap.add_argument("--variant", action="append", default=None,
                     help='curation fields to change, "name=value,..." (and/or answer_only, valid_only); "" = as run')
     args = ap.parse_args(argv)
@@ -93,11 +96,18 @@ def main(argv=None) -> int:
     from spogw_dagster.pipeline.data import tables
     from spogw_dagster.pipeline.settings import load_config
 
-    cfg = load_config(config_file=args.config) if Path(args.config).is_file() else load_config(args.config)
+    seed = args.seed
+    if seed is None and (m := re.fullmatch(r"seed-(\d+)", args.assets_dir.resolve().name)):
+        seed = int(m.group(1))
+    # a --seeds run overrides the seeds per seed folder; without them group sampling draws other groups
+    over = {"curation": {"seed": seed}} if seed is not None else None
+    cfg = (load_config(config_file=args.config, overrides=over) if Path(args.config).is_file()
+           else load_config(args.config, overrides=over))
     sampled = pl.read_parquet(sorted((args.assets_dir / "sampled_workflows").glob("*.parquet")))
     scores = pl.read_parquet(sorted((args.assets_dir / "execution_scores").glob("*.parquet")))
     rows = tables.curation_input(sampled, scores).join(scores.select(KEY + ["answer_score"]), on=KEY)
-    print(f"{sampled.height} sampled workflows of {sampled['query_id'].n_unique()} queries in {args.assets_dir}")
+    print(f"{sampled.height} sampled workflows of {sampled['query_id'].n_unique()} queries in {args.assets_dir}, "
+          f"curation seed {cfg.curation.seed}")
     for text in args.variant or [""]:
         answer_only, fields = parse_variant(text)
         try:
