@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from spogw_dagster.contracts import Status
+from spogw_dagster.core.curation import NOT_VALID_STATUSES
 from spogw_dagster.pipeline.data import report_stats, tables
 from spogw_dagster.pipeline.defs import failures
 from spogw_dagster.pipeline.defs.assets.common import (
@@ -31,7 +31,6 @@ from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.outage import executed_rows
 
 NAME = "execution_scores"
-NOT_VALID = (Status.FORMAT_ERROR.value, Status.INVALID.value)
 GROUP = "execution"
 KINDS = {"python", "parquet"}
 DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against the executor and scored (reward "
@@ -85,7 +84,7 @@ def _sampled_metadata(df: pl.DataFrame, sampled: pl.DataFrame) -> dict[str, Any]
         "anchor_rows": dg.MetadataValue.int(df.height - own.height),
         "sampled_mean_answer_score": dg.MetadataValue.float(round(float(own["answer_score"].mean() or 0.0), 4)),
         "sampled_valid_rate": dg.MetadataValue.float(
-            round(float((~own["status"].is_in(NOT_VALID)).mean()), 4) if own.height else 0.0),
+            round(float((~own["status"].is_in(NOT_VALID_STATUSES)).mean()), 4) if own.height else 0.0),
     }
 
 
