@@ -140,3 +140,14 @@ def test_score_dpo_training_data_pairs_ran_workflows_with_the_higher_answer_chos
         assert examples[2 * k].score == w["score"] and examples[2 * k + 1].score == l["score"]
     # the ladder would have chosen 1 over 0 (0.9 > 0.6): that pair never appears
     assert all(not (w == 1 and l == 0) for w, l in zip(rows["sample_idx"][::2], rows["sample_idx"][1::2]))
+
+
+def test_the_profiles_pair_budget_is_scoreflows_per_query_rate():
+    """ScoreFlow draws 600 pairs for its 33 HumanEval queries (about 18.2 a query); a profile's budget is that
+    rate times its training queries: 600 / 33 x 16 = 290.9 -> 291, 600 / 33 x 65 = 1181.8 -> 1182."""
+    from spogw_dagster.pipeline.profiles import get_profile
+
+    want = {"tiny": 291, "answers": 291, "paper": 1182}
+    for name, pairs in want.items():
+        p = get_profile(name)
+        assert p["training"]["dpo_num_pairs"] == pairs == round(600 / 33 * p["benchmark"]["train_queries"]), name
