@@ -28,10 +28,10 @@ passed the validator and finished without error or timeout; no run a sandbox vio
 answer is some solution-writing operator's output). `sample_preference_pairs` is ScoreFlow's Score-DPO data
 (pairs over each query's workflows that ran, compared on the benchmark answer, never on the ladder:
 `score_dpo_candidates`; drawn ∝ (s_w − s_l)^power, a fixed budget per iteration; `preference_pair_candidates`
-gives the probability of each candidate pair). `rwr_candidates` is W4S's: W4S stores only a candidate whose code
-ran (after up to 3 self-check repairs; one whose error persists is skipped) and whose accuracy is above 0.05
-(`src/agent/meta_agent.py`), so `w4s_kept_candidates` keeps the workflows that ran with an answer score above
-0.05, each once with weight exp(r/T). (Until issue 38 our RWR weighed every candidate, broken and trivial ones
+gives the probability of each candidate pair). `rwr_candidates` weighs W4S's candidates: W4S stores only a
+candidate whose code ran (after up to 3 self-check repairs; one whose error persists is skipped) and whose
+accuracy is above 0.05 (`src/agent/meta_agent.py`), so `w4s_kept_candidates` keeps the workflows that ran with
+an answer score above 0.05, each once with weight exp(r/T). (Until issue 38 our RWR weighed every candidate, broken and trivial ones
 too, e.g. a broken one at e^-0.25 ≈ 0.78: that was ours, not W4S's.)
 
 Choices where the specification is silent (each is documented again at its function):
@@ -926,9 +926,11 @@ def sample_preference_pairs(
 
 
 def rwr_candidates(df: pl.DataFrame, temperature: float = 0.4) -> pl.DataFrame:
-    """W4S's data: every usable row (`scored_candidates`) once, in key order, with weight exp(r / T) (W4S:
-    T = 0.4; r = the row's score). No grouping, no repetition. Scores 1, 0.5, 0 → weights e^2.5 ≈ 12.1825,
-    e^1.25 ≈ 3.4903, 1."""
+    """RWR's weights of the rows it is given: each once, in key order, with weight exp(r / T) (W4S: T = 0.4;
+    r = the row's score). No grouping, no repetition. Scores 1, 0.5, 0 → weights e^2.5 ≈ 12.1825,
+    e^1.25 ≈ 3.4903, 1. It filters nothing: W4S's data are the candidates `w4s_kept_candidates` keeps (they
+    ran and scored above 0.05), which is what the pipeline gives it (`training_inputs.rwr_training_data`);
+    every usable row would include broken and trivial workflows, which W4S never trains on."""
     if not (temperature > 0):
         raise ValueError(f"temperature={temperature} must be > 0")
     rows = df.sort(["iteration", "query_id", "sample_idx"])

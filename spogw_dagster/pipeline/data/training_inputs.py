@@ -102,9 +102,9 @@ def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advan
 def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                             objective: str = "score_dpo") -> tuple[list, pl.DataFrame]:
     """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
-    candidate pairs of all queries, among workflows that ran (`core.curation.ran_mask`), compared on their answer score
-    (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
-    examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
+    candidate pairs of all queries, among workflows that ran (`core.curation.ran_mask`), compared on their
+    answer score (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by
+    `pair_seed`. Each draw gives two examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
     micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
 
     cands = score_dpo_candidates(training_candidates(sampled, scores))  # ran, compared on the answer
@@ -127,9 +127,10 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, i
 def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                       objective: str = "rwr") -> tuple[list, pl.DataFrame]:
     """W4S's data: every candidate W4S keeps (`core.curation.w4s_kept_candidates`: it ran, i.e. status ok, no
-    sandbox violation, not trivial, and its answer score is above 0.05; all turns and repairs), once, in key order, with reward r and weight exp(r / `rwr_temperature`)
-    (the loss computes the same weight from r). The reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's
-    history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
+    sandbox violation, not trivial, and its answer score is above 0.05; all turns and repairs), once, in key
+    order, with reward r and weight exp(r / `rwr_temperature`) (the loss computes the same weight from r). The
+    reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's history-relative reward,
+    `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
     import math
 
 
