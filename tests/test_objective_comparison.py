@@ -182,6 +182,68 @@ def test_a_planted_effect_is_rejected_even_when_the_configured_resamples_could_n
     assert all(r["p_holm"] == 1.0 for r in fam.filter(pl.col("method") != "planted").iter_rows(named=True))
 
 
+def test_a_planted_effect_on_40_queries_is_rejected_in_the_default_family_with_the_default_resamples():
+    # the default methods (spogw, grpo, score_dpo, rwr) in the report's two modes: the headline family is the
+    # answer score of the 3 trained methods besides spogw in each mode, m = 3 x 2 = 6. On 40 paired queries
+    # grpo is right on 30 (q0-q29), spogw on 10 of them (q0-q9): paired differences twenty 1s and twenty 0s. A
+    # resample has mean <= 0 only if it draws none of the twenty 1s, (1/2)^40 ~ 1e-12 each, so k = 0 and
+    # p = 2 (1 + 0) / (B + 1) with B = max(2000, 10 x 6 / 0.05 = 1200) = 2000: p = 2/2001 ~ 0.0010 < 0.05/6
+    # ~ 0.0083, Holm's first step; p_holm = 6 x 2/2001 ~ 0.0060 < 0.05: rejected. score_dpo and rwr answer as
+    # spogw does (every difference 0, p = 1, p_holm = 1): not rejected.
+    ref_a = [1.0] * 10 + [0.0] * 30
+    planted = [1.0] * 30 + [0.0] * 10
+    rows = []
+    for mode in ("greedy", "sampled"):
+        for name, ans in (("spogw", ref_a), ("grpo", planted), ("score_dpo", ref_a), ("rwr", ref_a)):
+            rows += [{**r, "mode": mode, "greedy": mode == "greedy"}
+                     for r in _rows(name, "method", [1] * 40, [.5] * 40, ans)]
+    runs = [_run(n, 4) for n in ("spogw", "grpo", "score_dpo", "rwr")]
+    t = comparison_frame(tables.heldout_frame(rows), runs, reference="spogw", iteration=1, parent_sha256="P",
+                         config_hash="C", split_ids_sha256="S", resamples=2000, seed=0)
+    fam = t.filter(pl.col("test_role") == "headline")
+    assert fam.height == 6 and set(fam["metric"].to_list()) == {"answer_score"}
+    assert set(fam["family_size"].to_list()) == {6} and set(fam["p_resamples"].to_list()) == {2000}
+    for g in fam.filter(pl.col("method") == "grpo").iter_rows(named=True):
+        assert g["diff_vs_reference"] == pytest.approx(0.5)
+        assert g["p_value"] == pytest.approx(2 / 2001) and g["p_holm"] == pytest.approx(6 * 2 / 2001)
+        assert g["p_holm"] < 0.05 and g["holm_ci_low"] > 0
+    assert all(r["p_holm"] == 1.0 for r in fam.filter(pl.col("method") != "grpo").iter_rows(named=True))
+    # every other tested metric is a diagnostic: unadjusted, labelled, no Holm columns
+    diag = t.filter(pl.col("test_role") == "diagnostic")
+    assert diag.height > 0 and "answer_score" not in diag["metric"].to_list()
+    assert diag["p_holm"].null_count() == diag.height and diag["family_size"].null_count() == diag.height
+    assert set(diag["p_resamples"].to_list()) == {2000}
+    # untested rows (the reference, the metrics without a paired difference) have no role
+    ref = t.filter(pl.col("method") == "spogw")
+    assert ref["test_role"].null_count() == ref.height
+    from spogw_dagster.pipeline.data.report_stats import p_label
+
+    assert p_label(fam.filter(pl.col("method") == "grpo").row(0, named=True)) == "0.006 (Holm)"
+    assert p_label(diag.row(0, named=True)).endswith("(diagnostic, unadjusted)")
+
+
+@pytest.mark.parametrize("profile", ["tiny", "answers", "ci"])
+def test_the_smallest_attainable_p_is_below_holms_first_threshold_for_the_configured_family(profile):
+    # the family a comparison of the configured methods tests: every method but the reference, in each of the
+    # report's modes; and the largest one, every method of the catalog. Its B: stats.resamples_for_family of the
+    # configured report.bootstrap_resamples. A bootstrap p is at least 2/(B + 1); Holm's first step needs < α/m.
+    from spogw_dagster.core import stats
+
+    cfg = load_config(profile)
+    modes = int(cfg.report.greedy) + int(cfg.report.samples > 0)
+    for methods in (cfg.comparison.methods, tuple(METHODS)):
+        m = (len(methods) - 1) * modes
+        b = stats.resamples_for_family(m, cfg.report.bootstrap_resamples)
+        assert b >= cfg.report.bootstrap_resamples
+        assert 2 / (b + 1) < 0.05 / m, (profile, m, b)
+    # by hand for tiny's defaults: 4 methods, greedy and 4 samples -> m = 6, B = 2000, 2/2001 < 0.05/6
+    if profile == "tiny":
+        assert (len(cfg.comparison.methods), modes, cfg.report.bootstrap_resamples) == (4, 2, 2000)
+        assert stats.resamples_for_family(6, 2000) == 2000 and 2 / 2001 < 0.05 / 6
+        # the old family of every method x mode x metric, 6 x 2 x 6 = 72 at B = 2000, could reject nothing
+        assert 2 / 2001 > 0.05 / 72
+
+
 def test_resamples_for_family_by_hand():
     from spogw_dagster.core import stats
 

@@ -352,11 +352,14 @@ def test_spogw_compare_trains_methods_on_the_same_inputs(loop, tmp_path, monkeyp
     assert methods["parent_adapter_sha256"].unique().to_list() == [ckpt0["adapter_sha256"]]
     ex = {r["method"]: r for r in methods.filter(pl.col("metric") == "valid_rate").iter_rows(named=True)}
     # spogw is the loop's own checkpoint 1 (same config and data); grpo trains on the same sharpened rows;
-    # rwr on each candidate W4S keeps once: it ran (status ok) and its answer score is above 0.05
+    # rwr on each candidate W4S keeps once: it ran (status ok, no sandbox violation, not trivial) and its answer
+    # score is above 0.05
     assert ex["spogw"]["reused"] == "lora_checkpoint"
     assert ex["grpo"]["n_examples"] == ex["spogw"]["n_examples"] == store.read_parquet("sharpened_groups", "0001").height
     scores1 = store.read_parquet("execution_scores", "0001")
-    kept = scores1.filter((pl.col("status") == "ok") & (pl.col("answer_score") > 0.05)).height
+    ran = ((pl.col("status") == "ok") & ~pl.col("trivial")
+           & ~pl.col("run_statuses").list.contains("sandbox_violation"))
+    kept = scores1.filter(ran & (pl.col("answer_score") > 0.05)).height
     assert ex["rwr"]["n_examples"] == kept
     # the headline family: the answer score of the trained methods only, with B sized to it
     fam = methods.filter(pl.col("p_holm").is_not_null())

@@ -39,7 +39,8 @@ ROWS = [  # query, sample_idx, score, status, workflow
 # total 1.25, so probabilities 0.125/1.25 = 0.1, 1/1.25 = 0.8, 0.1. Query b: a tie, no pair.
 PAIR_P = {(0, 1): 0.1, (0, 2): 0.8, (1, 2): 0.1}
 PAIR_W = {(0, 1): 0.125, (0, 2): 1.0, (1, 2): 0.125}
-# W4S weights exp(r / 0.4) of the five usable rows (the executor error is out)
+# RWR weights exp(r / 0.4) of the five usable rows (the executor error is out); rwr_candidates weighs what it is
+# given, W4S's own data are fewer (w4s_kept_candidates: ran, answer > 0.05; below)
 RWR_W = {("a", 0): math.exp(2.5), ("a", 1): math.exp(1.25), ("a", 2): 1.0,
          ("b", 0): math.exp(0.75), ("b", 1): math.exp(0.75)}  # 12.182494, 3.490343, 1, 2.117000, 2.117000
 

@@ -23,10 +23,16 @@ asset can store its own stage:
 their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`.
 
 The baselines are fed as their papers feed them, from the full scored candidate set (`scored_candidates`: steps
-1–2 only) instead of steps 3–7: `sample_preference_pairs` is ScoreFlow's Score-DPO data (pairs over each query's
-workflows that ran, compared on the answer: `score_dpo_candidates`; drawn ∝ (s_w − s_l)^power, a fixed budget
-per iteration; `preference_pair_candidates` gives the probability of each candidate pair), `rwr_candidates` is
-W4S's (each candidate W4S keeps, `w4s_kept_candidates`: it ran and scored above 0.05; once, weight exp(r/T)).
+1–2 only) instead of steps 3–7, and only from the workflows that **ran** (`ran_mask`: status ok, so it parsed,
+passed the validator and finished without error or timeout; no run a sandbox violation; not trivial, i.e. its
+answer is some solution-writing operator's output). `sample_preference_pairs` is ScoreFlow's Score-DPO data
+(pairs over each query's workflows that ran, compared on the benchmark answer, never on the ladder:
+`score_dpo_candidates`; drawn ∝ (s_w − s_l)^power, a fixed budget per iteration; `preference_pair_candidates`
+gives the probability of each candidate pair). `rwr_candidates` weighs W4S's candidates: W4S stores only a
+candidate whose code ran (after up to 3 self-check repairs; one whose error persists is skipped) and whose
+accuracy is above 0.05 (`src/agent/meta_agent.py`), so `w4s_kept_candidates` keeps the workflows that ran with
+an answer score above 0.05, each once with weight exp(r/T). (Until issue 38 our RWR weighed every candidate, broken and trivial ones
+too, e.g. a broken one at e^-0.25 ≈ 0.78: that was ours, not W4S's.)
 
 Choices where the specification is silent (each is documented again at its function):
 
@@ -92,6 +98,7 @@ __all__ = [
     "preference_pair_candidates",
     "scored_candidates",
     "rwr_candidates",
+    "ran_mask",
     "score_dpo_candidates",
     "w4s_kept_candidates",
     "W4S_MIN_ACCURACY",
@@ -820,23 +827,43 @@ def scored_candidates(samples: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
     return exclude_executor_errors(validate_samples(samples))
 
 
+def ran_mask(df: pl.DataFrame) -> pl.Series:
+    """Which rows are workflows that **ran**, the one definition both baselines' data paths use: status `ok` (it
+    parsed, the validator accepted it and at least one run finished without error or timeout, as
+    `evaluation.aggregate_status` sets it), no run a `sandbox_violation` (`run_statuses`, when the frame has it:
+    a workflow that tried to leave the sandbox is never training data, even if another run finished), and not
+    `trivial` (its answer is no solution-writing operator's output, `core.rewards.is_trivial`: nothing ran that
+    could have answered; the ladder withholds its executes rung for the same reason). Needs the `trivial` column
+    (execution_scores has one); a null there (an unknown) counts as not trivial."""
+    if "trivial" not in df.columns:
+        raise ValueError("ran_mask needs a trivial column (execution_scores has one): rematerialize execution_scores")
+    ok = pl.col("status") == Status.OK.value
+    not_trivial = ~pl.col("trivial").cast(pl.Boolean()).fill_null(False)
+    mask = ok & not_trivial
+    if "run_statuses" in df.columns:
+        violated = pl.col("run_statuses").list.contains(Status.SANDBOX_VIOLATION.value).fill_null(False)
+        mask = mask & ~violated
+    return df.select(mask.alias("ran"))["ran"]
+
+
 def score_dpo_candidates(df: pl.DataFrame) -> pl.DataFrame:
-    """What ScoreFlow forms its pairs from: workflows that ran (status ok), scored on the benchmark's answer.
+    """What ScoreFlow forms its pairs from: workflows that ran (`ran_mask`), scored on the benchmark's answer.
 
     ScoreFlow regenerates a workflow until it runs on a smoke input, so every candidate it pairs runs, and its
     score is the answer (the mean of 3 executor runs); a ladder score (format, valid, executes) never enters
     its pairs. We cannot regenerate inside one iteration's data, so a workflow that did not run (invalid,
-    runtime error, timeout, no answer) is left out instead: a query keeps fewer candidates. Needs the
-    `answer_score` column; `score` becomes the answer score, the ladder score is kept as `ladder_score`."""
+    runtime error, timeout, sandbox violation, trivial) is left out instead: a query keeps fewer candidates.
+    Needs the `answer_score` and `trivial` columns; `score` becomes the answer score, the ladder score is kept
+    as `ladder_score`, so the pairs (`preference_pair_candidates`) are ordered and weighted by the answer."""
     if "answer_score" not in df.columns:
         raise ValueError("score_dpo_candidates needs an answer_score column (execution_scores has one)")
-    ok = df.filter(pl.col("status") == Status.OK.value)
-    bad = ok.filter(pl.col("answer_score").is_null() | pl.col("answer_score").is_nan())
+    ran = df.filter(ran_mask(df))
+    bad = ran.filter(pl.col("answer_score").is_null() | pl.col("answer_score").is_nan())
     if bad.height:
         r = bad.row(0, named=True)
         raise ValueError(f"{bad.height} workflow(s) ran but have no answer score, e.g. {r['query_id']!r}/"
                          f"{r['sample_idx']}: rematerialize execution_scores")
-    return ok.rename({"score": "ladder_score"}).with_columns(pl.col("answer_score").alias("score"))
+    return ran.rename({"score": "ladder_score"}).with_columns(pl.col("answer_score").alias("score"))
 
 
 # W4S drops a candidate whose validation accuracy is at most this (src/agent/meta_agent.py), and one whose code
@@ -845,12 +872,13 @@ W4S_MIN_ACCURACY = 0.05
 
 
 def w4s_kept_candidates(df: pl.DataFrame, min_accuracy: float = W4S_MIN_ACCURACY) -> pl.DataFrame:
-    """The candidates W4S keeps as training data: status ok (it ran; a candidate whose error persisted after
-    its repairs did not) and an answer score above `min_accuracy` (W4S: > 0.05). On a 0/1 metric with one
-    executor run this keeps the correct answers only. Needs the `answer_score` column."""
+    """The candidates W4S keeps as training data: workflows that ran (`ran_mask`: status ok, so a candidate
+    whose error persisted after its repairs is out; no sandbox violation; not trivial) with an answer score
+    above `min_accuracy` (W4S: accuracy > 0.05; 0.05 itself is dropped). On a 0/1 metric with one executor run
+    this keeps the correct answers only. Needs the `answer_score` and `trivial` columns."""
     if "answer_score" not in df.columns:
         raise ValueError("w4s_kept_candidates needs an answer_score column (execution_scores has one)")
-    return df.filter((pl.col("status") == Status.OK.value) & (pl.col("answer_score").fill_nan(None) > min_accuracy))
+    return df.filter(ran_mask(df) & (df["answer_score"].fill_nan(None) > min_accuracy).fill_null(False))
 
 
 def preference_pair_candidates(df: pl.DataFrame, power: float = 3.0) -> pl.DataFrame:
@@ -898,9 +926,11 @@ def sample_preference_pairs(
 
 
 def rwr_candidates(df: pl.DataFrame, temperature: float = 0.4) -> pl.DataFrame:
-    """W4S's data: every usable row (`scored_candidates`) once, in key order, with weight exp(r / T) (W4S:
-    T = 0.4; r = the row's score). No grouping, no repetition. Scores 1, 0.5, 0 → weights e^2.5 ≈ 12.1825,
-    e^1.25 ≈ 3.4903, 1."""
+    """RWR's weights of the rows it is given: each once, in key order, with weight exp(r / T) (W4S: T = 0.4;
+    r = the row's score). No grouping, no repetition. Scores 1, 0.5, 0 → weights e^2.5 ≈ 12.1825,
+    e^1.25 ≈ 3.4903, 1. It filters nothing: W4S's data are the candidates `w4s_kept_candidates` keeps (they
+    ran and scored above 0.05), which is what the pipeline gives it (`training_inputs.rwr_training_data`);
+    every usable row would include broken and trivial workflows, which W4S never trains on."""
     if not (temperature > 0):
         raise ValueError(f"temperature={temperature} must be > 0")
     rows = df.sort(["iteration", "query_id", "sample_idx"])

@@ -181,12 +181,12 @@ class ObjectiveConfig(_FromDict):
                  ScoreFlow's pair budget per iteration: pairs drawn with replacement, ∝ (s_w − s_l)^power, from
                  all candidate pairs of all training queries (`curation.sample_preference_pairs`); None = as many
                  draws as there are candidate pairs (pairs of a query's scored workflows with different scores).
-                 Default None. ScoreFlow fixes 2000 (600 for HumanEval). Its HumanEval run has 33 queries × 8
-                 workflows, at most 33 · C(8, 2) = 924 candidate pairs (fewer after ties), so 600 draws are about
-                 as many as the candidates; None keeps that proportion on every profile without a number per
-                 profile: tiny (16 queries × 8) draws at most 16 · 28 = 448 pairs, ci (2 × 4) at most 12, paper
-                 (100 × 16) at most 12000 (set 2000 there to copy ScoreFlow's absolute budget). Each pair is two
-                 training rows. (The pure loss `objectives.score_dpo` called without explicit pairs also reads
+                 Default None. ScoreFlow fixes 2000 draws (600 for HumanEval) whatever the number of pairs: its
+                 HumanEval run draws 600 for 33 queries, about 18.2 a query (of at most C(8, 2) = 28 candidate
+                 pairs a query). The profiles copy that rate: 291 ≈ 18.2 × 16 queries (tiny, answers), 1182 ≈
+                 18.2 × 65 (paper). None draws once per candidate pair, up to C(m, 2) a query (28 at m = 8, 120 at
+                 m = 16), which is not ScoreFlow's rate; `ci` keeps it (2 queries × 4 workflows, at most 12
+                 pairs: a smoke test). Each pair is two training rows. (The pure loss `objectives.score_dpo` called without explicit pairs also reads
                  it as its in-batch draw count; the trainer always passes explicit pairs.)
     rwr_temperature
                  W4S weight exp(r / T); T = 0.4 (W4S default).

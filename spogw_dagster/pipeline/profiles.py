@@ -68,7 +68,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                      "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128,
                      "eval_after": False,
                      # score_dpo (objective_comparison): ScoreFlow's pair budget per query (600 draws for 33
-                     # HumanEval queries, ~18.2 a query) times our 16 training queries
+                     # HumanEval queries, ~18.2 a query) times our 16 training queries: 18.18 x 16 = 291
                      "dpo_num_pairs": 291,
                      # per-group rows, as in the measured `tiny` run (docs/measurements.md; lr and epochs were tuned on them);
                      # unique-workflow aggregation (the same objective, fewer steps per epoch) pays off at the
@@ -146,8 +146,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "execution": {"runs": 1, "concurrency": 8, "wall_s": 300},
         "reward": {"format": 0.0, "valid": 0.0, "executes": 0.0, "answer": 1.0},
         "curation": {"m": 16, "n": 14, "t": 4, "g_max": 120, "tau_sim": 0.95, "tau_std": 0.05},
+        # dpo_num_pairs (score_dpo in objective_comparison): ScoreFlow's pair budget per query (600 draws for
+        # its 33 HumanEval queries, ~18.2 a query) times the 65 training queries
         "training": {"lora_r": 16, "lora_alpha": 32, "learning_rate": 5e-5, "epochs": 1, "batch_size": 8,
-                     "objective": "spogw", "beta": 0.1},
+                     "objective": "spogw", "beta": 0.1, "dpo_num_pairs": 1182},
         "report": {"baselines": ["io", "cot", "cot_sc"], "greedy": True, "samples": 8, "baseline_samples": 0},
     },
 }

@@ -35,8 +35,9 @@ Objectives (`compute_loss(name, batch, cfg)` dispatches):
                  loss = mean_i w_i · ( −(1/|o_i|) Σ_t logp_{i,t} ).
              Per-token mean within a sequence and raw (unnormalised) weights, as W4S's WeightedTrainer does
              (HF per-sample mean NLL × weight, averaged over the batch). `rwr_normalize_weights=True` divides the
-             weights by their batch mean instead. The pipeline feeds each candidate W4S keeps (it ran and
-             its answer score is above 0.05: `curation.w4s_kept_candidates`) once, as W4S does.
+             weights by their batch mean instead. The pipeline feeds each candidate W4S keeps (it ran: status
+             ok, no sandbox violation, not trivial; and its answer score is above 0.05:
+             `curation.w4s_kept_candidates`) once, as W4S does.
 
 Training on unique workflows (the GRPO family). With overlapping groups one workflow o is a row of every
 sharpened group g it belongs to, with advantage Â_g. Since min(ρÂ, clip(ρ)Â) = Â·min(ρ, clip ρ) for Â > 0 and

@@ -19,6 +19,8 @@ RATE_METRICS = {"valid_rate": "valid", "executes_rate": "executes", "trivial_rat
 MEAN_METRICS = {"answer_score": "answer_score", "mean_reward": "reward"}
 # the headline: the benchmark's own metric (pass@1 / exact answer); the others are diagnostics
 HEADLINE_METRIC = "answer_score"
+# objective_comparison's test_role: a member of the Holm family (the headline) or a diagnostic (unadjusted p)
+TEST_HEADLINE, TEST_DIAGNOSTIC = "headline", "diagnostic"
 COST_METRICS = {"executor_calls": "llm_calls", "cached_calls": "cached_calls", "prompt_tokens": "prompt_tokens",
                 "completion_tokens": "completion_tokens"}
 METRICS = ("answer_score", *RATE_METRICS, "mean_reward", "distinct_per_query", "executor_errors", *COST_METRICS)
@@ -259,3 +261,13 @@ def system_rows(heldout: pl.DataFrame, system: str) -> pl.DataFrame:
         raise ValueError(f"no held-out results for system {system!r}; systems in heldout_results: {known}")
     first = rows["iteration"].min()
     return rows.filter(pl.col("iteration") == first)
+
+
+def p_label(row: dict[str, Any]) -> str:
+    """A comparison row's p-value as printed: Holm-adjusted for a member of the headline family, unadjusted and
+    labelled for a diagnostic, "" for a row without a test (`test_role`)."""
+    if row.get("test_role") == TEST_HEADLINE and row.get("p_holm") is not None:
+        return f"{row['p_holm']:.3f} (Holm)"
+    if row.get("test_role") == TEST_DIAGNOSTIC and row.get("p_value") is not None:
+        return f"{row['p_value']:.3f} (diagnostic, unadjusted)"
+    return ""

@@ -237,9 +237,11 @@ def kept_groups(screened: pl.DataFrame) -> pl.DataFrame:
 # execution_scores, executor errors excluded, near-duplicates kept: `core.curation.scored_candidates`):
 #   score_dpo  ScoreFlow's pairs, drawn once per iteration ∝ (s_w − s_l)^power, a fixed budget
 #              (`dpo_num_pairs`); each draw is two examples, "chosen" and "rejected", sharing group_id.
-#              Only workflows that ran (status ok) pair, compared on answer_score (ScoreFlow regenerates until
-#              a workflow runs and scores the answer).
-#   rwr        W4S: each candidate that ran with an answer score above 0.05, once, weight exp(r / T).
+#              Only workflows that ran pair (`core.curation.ran_mask`: status ok, no run a sandbox violation,
+#              not trivial), compared on answer_score (ScoreFlow regenerates until a workflow runs and scores
+#              the answer).
+#   rwr        W4S: each candidate that ran (the same `ran_mask`) with an answer score above 0.05, once,
+#              weight exp(r / T).
 
 TRAINING_ROWS_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),

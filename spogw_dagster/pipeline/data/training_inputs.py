@@ -46,6 +46,8 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
     return out
 
 _SAMPLED_TRAIN_COLS = ["prompt", "completion", "completion_token_ids", "logprobs"]
+# what the baselines' filters read of execution_scores: the answer, and whether the workflow ran
+_SCORE_TRAIN_COLS = ["answer_score", "trivial", "run_statuses"]
 _KEY = ["iteration", "query_id", "sample_idx"]
 
 
@@ -80,12 +82,14 @@ def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, obje
 def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
     """The iteration's full scored candidate set with what training needs: `core.curation.scored_candidates`
     of the joined tables (executor errors out, near-duplicates kept, as ScoreFlow), joined back with the
-    sampled prompt, completion, tokens and log-probs and the row's answer score. A row whose completion has no tokens is left out (there
-    is nothing to train on; the trainer refuses empty completions)."""
+    sampled prompt, completion, tokens and log-probs and the row's answer score, trivial flag and run statuses
+    (what `core.curation.ran_mask` reads: whether the workflow ran). A row whose completion has no tokens is
+    left out (there is nothing to train on; the trainer refuses empty completions)."""
 
     usable, _ = core_candidates(curation_input(sampled, scores))
+    extra = [c for c in _SCORE_TRAIN_COLS if c in scores.columns]  # trivial: ran_mask asks for it by name
     j = (usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
-         .join(scores.select(_KEY + ["answer_score"]), on=_KEY, how="left"))
+         .join(scores.select(_KEY + extra), on=_KEY, how="left"))
     return j.filter(pl.col("completion_token_ids").list.len() > 0).sort(_KEY)
 
 
@@ -98,9 +102,9 @@ def _example(r: dict[str, Any], *, group_id: Any, role: str | None = None, advan
 def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                             objective: str = "score_dpo") -> tuple[list, pl.DataFrame]:
     """ScoreFlow's data: `ocfg.dpo_num_pairs` draws (None: as many as candidate pairs) with replacement over all
-    candidate pairs of all queries, among workflows that ran, compared on their answer score
-    (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by `pair_seed`. Each draw gives two
-    examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
+    candidate pairs of all queries, among workflows that ran (`core.curation.ran_mask`), compared on their
+    answer score (`core.curation.score_dpo_candidates`), ∝ (s_w − s_l)^`dpo_pair_power`, seeded by
+    `pair_seed`. Each draw gives two examples, chosen then rejected, with group_id "pair:<draw>" (the trainer pairs them and keeps them in one
     micro-batch); a pair drawn twice trains twice, as in ScoreFlow."""
 
     cands = score_dpo_candidates(training_candidates(sampled, scores))  # ran, compared on the answer
@@ -122,10 +126,11 @@ def score_dpo_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, i
 
 def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iteration: int,
                       objective: str = "rwr") -> tuple[list, pl.DataFrame]:
-    """W4S's data: every candidate W4S keeps (`core.curation.w4s_kept_candidates`: it ran and its answer score is
-    above 0.05; all turns and repairs), once, in key order, with reward r and weight exp(r / `rwr_temperature`)
-    (the loss computes the same weight from r). The reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's
-    history-relative reward, `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
+    """W4S's data: every candidate W4S keeps (`core.curation.w4s_kept_candidates`: it ran, i.e. status ok, no
+    sandbox violation, not trivial, and its answer score is above 0.05; all turns and repairs), once, in key
+    order, with reward r and weight exp(r / `rwr_temperature`) (the loss computes the same weight from r). The
+    reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's history-relative reward,
+    `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
     import math
 
 

@@ -271,6 +271,7 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     import polars as pl
 
     # lazy: start-up time (module doc)
+    from spogw_dagster.pipeline.data.report_stats import p_label
     from spogw_dagster.pipeline.runs.loop import run_comparison
 
     methods = [o.strip() for o in args.methods.split(",") if o.strip()] if args.methods else None
@@ -285,17 +286,18 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds), scored on "
           f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries; Holm: "
           f"family-wise error 0.05 over the {fam} answer-score differences of the methods ({big_b} resamples; "
-          "interval at the rank's level, adjusted p); other metrics are diagnostics, not adjusted")
+          "interval at the rank's level, adjusted p); other metrics are diagnostics: p unadjusted, not a finding")
     print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}"
-          f"{'Holm CI':>20}{'p_holm':>8}")
+          f"{'Holm CI':>20}  p")
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
         v = f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
         d, h, p = "", "", ""
         if r["diff_vs_reference"] is not None:
             d = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
             if r.get("p_holm") is not None:
-                h, p = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]", f"{r['p_holm']:.3f}"
-        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}{h:>20}{p:>8}")
+                h = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
+            p = p_label(r)
+        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}{h:>20}  {p}")
     return 0
 
 

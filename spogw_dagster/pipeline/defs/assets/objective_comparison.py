@@ -332,10 +332,18 @@ def comparison_frame(heldout: pl.DataFrame, runs: list[MethodRun], *, reference:
 
 HOLM_COLUMNS = {"p_value": pl.Float64(), "p_holm": pl.Float64(), "holm_level": pl.Float64(),
                 "holm_ci_low": pl.Float64(), "holm_ci_high": pl.Float64(), "family_size": pl.Int64(),
-                "p_resamples": pl.Int64()}
-# The headline family: the benchmark's own metric. The other metrics are diagnostics (validity, rates, reward):
-# reported with unadjusted p-values, never in the family, so they do not dilute the answer's test
+                "p_resamples": pl.Int64(), "test_role": pl.String()}
+# The headline family: the benchmark's own metric (the answer score) of the trained methods, each in each mode,
+# against the reference; Holm controls the family-wise error over it alone. The other metrics (validity,
+# executes, trivial rates, reward) are diagnostics: an unadjusted p-value, no correction, labelled
+# test_role = "diagnostic", never in the family, so they neither dilute the answer's test nor count as findings.
+# The family's B is chosen so that Holm's first step can reject: a bootstrap p is at least 2/(B + 1) (two-sided;
+# about 1/(B + 1) a side), so B = max(report.bootstrap_resamples, ⌈10·m/α⌉) (`stats.resamples_for_family`) puts
+# the smallest attainable p near a fifth of α/m. E.g. the default methods (spogw, grpo, score_dpo, rwr) in two
+# modes: m = 3 × 2 = 6, B = max(2000, 1200) = 2000, 2/2001 ≈ 0.0010 < 0.05/6 ≈ 0.0083. The family before issue
+# 38 (every method × mode × metric, 72 members at B = 2000) could not reject anything: 2/2001 > 0.05/72.
 FAMILY_METRIC = report_stats.HEADLINE_METRIC
+HEADLINE, DIAGNOSTIC = report_stats.TEST_HEADLINE, report_stats.TEST_DIAGNOSTIC
 
 
 def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, resamples: int, seed: int,
@@ -347,8 +355,9 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
     rank (`core.stats.holm_levels`), all with B = `stats.resamples_for_family(m, resamples)` so that the
     smallest attainable p is below α/m (with 2000 resamples and a family of 72 no difference could ever be
     significant). Diagnostics (every other metric) get an unadjusted p-value at `resamples` and no Holm
-    columns. A member is significant under Holm when p_holm < α. `heldout`: the held-out rows with the
-    reference labelled kind "previous"."""
+    columns; `test_role` says which a row is ("headline" or "diagnostic"; null: not tested). A member is
+    significant under Holm when p_holm < α. `heldout`: the held-out rows with the reference labelled kind
+    "previous"."""
 
     scored = heldout.filter(pl.col("status") != Status.EXECUTOR_ERROR.value)
     cols = {**report_stats.RATE_METRICS, **report_stats.MEAN_METRICS}
@@ -367,13 +376,14 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
     for r, a, b in diagnostics:
         add["p_value"][r["_i"]] = stats.paired_bootstrap_p(a, b, resamples=resamples, seed=seed)
         add["p_resamples"][r["_i"]] = resamples
+        add["test_role"][r["_i"]] = DIAGNOSTIC
     big_b = stats.resamples_for_family(len(members), resamples, alpha)
     ps = [stats.paired_bootstrap_p(a, b, resamples=big_b, seed=seed) for _, a, b in members]
     adj, levels = stats.holm(ps), stats.holm_levels(ps, alpha)
     for (r, a, b), p, q, lv in zip(members, ps, adj, levels):
         _, lo, hi = stats.paired_bootstrap_diff(a, b, resamples=big_b, seed=seed, level=lv)
         for c, v in (("p_value", p), ("p_holm", q), ("holm_level", lv), ("holm_ci_low", lo), ("holm_ci_high", hi),
-                     ("family_size", len(ps)), ("p_resamples", big_b)):
+                     ("family_size", len(ps)), ("p_resamples", big_b), ("test_role", HEADLINE)):
             add[c][r["_i"]] = v
     return table.with_columns(*[pl.Series(c, add[c], dtype=t) for c, t in HOLM_COLUMNS.items()])
 
@@ -384,8 +394,8 @@ def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
     big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else None
     lines = [f"Holm: family-wise error 0.05 over the {fam or 0} answer-score differences of the trained methods to "
              f"{reference} ({big_b} bootstrap resamples); the Holm interval is at the level of the difference's rank, "
-             "p_holm its adjusted p-value; the other metrics are diagnostics (unadjusted p: p_value).", "",
-             "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p_holm |",
+             "p its Holm-adjusted p-value; the other metrics are diagnostics: p unadjusted, not a finding.", "",
+             "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p |",
              "|---|---|---|---|---|---|---|"]
     for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
         diff, holm_ci, p = "", "", ""
@@ -393,7 +403,7 @@ def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
             diff = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
             if r.get("p_holm") is not None:
                 holm_ci = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
-                p = f"{r['p_holm']:.3f}"
+            p = report_stats.p_label(r)
         lines.append(f"| {r['method']} | {r['mode']} | {r['metric']} | {r['value']:.3f} "
                      f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {diff} | {holm_ci} | {p} |")
     return {
