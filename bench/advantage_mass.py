@@ -9,7 +9,7 @@ the loop's own code) and prints groups, rows and (rows, Σ Â) per structure; `a
 workflow by its answer alone (0 unless it ran), the reward a pure-answer ladder gives; `valid_only` groups only
 the workflows that ran (`curation.valid_only`).
 
-    python bench/advantage_mass.py --config run.yaml --assets-dir ~/runs/a37/seed-0 \\
+    python bench/advantage_mass.py --config run.yaml --assets-dir ~/runs/a37/seed-0 [--iteration 0] \\
         --variant "" --variant "n=4,g_max=4,adv_std_floor=0.25" --variant "answer_only,n=4"
 
 This is how the `answers` profile's curation was chosen (docs/methods.md): from the training data, never
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None,
                     help="the training seed the run used (`spogw run --seeds`: it seeds group sampling); default: "
                          "N when the folder is named seed-N, else the config's")
+    ap.add_argument("--iteration", type=int, default=None,
+                    help="only this iteration's partition (default: every iteration in the folder)")
     ap.add_argument("--variant", action="append", default=None,
                     help='curation fields to change, "name=value,..." (and/or answer_only, valid_only); "" = as run')
     args = ap.parse_args(argv)
@@ -103,8 +105,12 @@ def main(argv=None) -> int:
     over = {"curation": {"seed": seed}} if seed is not None else None
     cfg = (load_config(config_file=args.config, overrides=over) if Path(args.config).is_file()
            else load_config(args.config, overrides=over))
-    sampled = pl.read_parquet(sorted((args.assets_dir / "sampled_workflows").glob("*.parquet")))
-    scores = pl.read_parquet(sorted((args.assets_dir / "execution_scores").glob("*.parquet")))
+    pattern = "*.parquet" if args.iteration is None else f"{args.iteration:04d}.parquet"
+    files = {t: sorted((args.assets_dir / t).glob(pattern)) for t in ("sampled_workflows", "execution_scores")}
+    if not all(files.values()):
+        raise SystemExit(f"no {pattern} in {args.assets_dir}/sampled_workflows and execution_scores")
+    sampled = pl.read_parquet(files["sampled_workflows"])
+    scores = pl.read_parquet(files["execution_scores"])
     rows = tables.curation_input(sampled, scores).join(scores.select(KEY + ["answer_score"]), on=KEY)
     print(f"{sampled.height} sampled workflows of {sampled['query_id'].n_unique()} queries in {args.assets_dir}, "
           f"curation seed {cfg.curation.seed}")

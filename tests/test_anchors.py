@@ -117,7 +117,7 @@ def test_execution_metadata_tells_the_policys_samples_from_anchors():
     sampled = pl.DataFrame({"query_id": ["a", "a", "a", "b", "b"], "sample_idx": [0, 1, 2, 0, 1],
                             "finish_reason": ["stop", "stop", ANCHOR_FINISH, "length", ANCHOR_FINISH]})
     executed = pl.DataFrame({"query_id": ["a", "a", "a", "b", "b"], "sample_idx": [0, 1, 2, 0, 1],
-                             "status": ["success", "invalid", "success", "format_error", "success"],
+                             "status": ["ok", "invalid", "ok", "format_error", "ok"],
                              "answer_score": [1.0, 0.0, 1.0, 0.0, 1.0]})
     md = _sampled_metadata(executed, sampled)
     # own samples: a/0 (1.0, valid), a/1 (0.0, invalid), b/0 (0.0, format_error); anchors a/2 and b/1

@@ -102,6 +102,14 @@ def test_hashes():
     assert config_hash(moved) == config_hash(a) and section_hash(moved, "execution_scores") == section_hash(
         a, "execution_scores")
     assert config_hash(load_config("ci", overrides={"executor": {"cache": False}})) != config_hash(a)
+    # the cached static baselines of a moved `--seeds` run are found again too
+    from spogw_dagster.benchmarks.queries import split_problems
+    from spogw_dagster.pipeline.domain.heldout import baseline_cache_key
+
+    probs, _ = split_problems("humaneval", "test", limit=2, seed=0)
+    assert baseline_cache_key("io", probs, moved) == baseline_cache_key("io", probs, a)
+    assert baseline_cache_key("io", probs, load_config("ci", overrides={"executor": {"temperature": 0.1}})) != \
+        baseline_cache_key("io", probs, a)
     c = load_config("ci", overrides={"report": {"baselines": ["io", "cot"]}})
     assert config_hash(c) != config_hash(a)
     assert section_hash(c, "sampled_workflows") == section_hash(a, "sampled_workflows")

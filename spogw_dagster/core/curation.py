@@ -910,7 +910,7 @@ def sample_preference_pairs(
     then `n_pairs` draws **with replacement**, pooled over all queries, with probability ∝ (s_w − s_l)^power
     (`preference_pair_candidates`; its weight and probability columns come along).
 
-    Input: usable rows (`scored_candidates`). n_pairs None = as many draws as candidate pairs (ScoreFlow fixes
+    Input: the workflows that ran, scored on the answer (`score_dpo_candidates`). n_pairs None = as many draws as candidate pairs (ScoreFlow fixes
     2000, or 600 for HumanEval). Seeded (`numpy.random.default_rng(seed)`, ScoreFlow sets no seed); candidates
     are enumerated in key order, so the draws do not depend on row order. Output rows are in draw order.
     """

@@ -82,7 +82,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "answers": {
         # one iteration, held out on the first 40 of the 83 test queries, IO beside it: the headline run fits
         # about 50 minutes on 2 cores (measured 49 min 29 s, 2026-12-05); all 83 with training take about 80.
-        # `--iterations 2` and `benchmark: {heldout_queries: 83}` go further. Choices are made on validation (16)
+        # `benchmark: {heldout_queries: 83}` goes further; `--iterations 2` undid seed 0's gain in run J (the
+        # near-duplicate screen left 4 groups on one query: docs/methods.md). Choices are made on validation (16)
         "iterations": 1,
         "benchmark": {"name": "humaneval", "split_seed": 0, "train_queries": 16, "heldout_queries": 40},
         # Qwen2.5-Coder-0.5B as generator: valid 0.562 against SmolLM2's 0.062 (validation, 8 queries x 4 samples,

@@ -35,6 +35,7 @@ from spogw_dagster.pipeline.data.storage import write_parquet_atomic
 from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.domain.generation import generate_samples
 from spogw_dagster.pipeline.domain.jobs import EvalJob, evaluate_jobs
+from spogw_dagster.pipeline.settings import executor_identity
 from spogw_dagster.seeds import derive_seed
 from spogw_dagster.workflow.copies import copied_from
 
@@ -133,7 +134,7 @@ def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     c = cfg.canonical()
     rep = c["report"]
     doc = {"code": baseline_workflow(problems[0].family, method), "benchmark": c["benchmark"]["name"],
-           "queries": [[p.id, p.question, p.answer] for p in problems], "executor": c["executor"],
+           "queries": [[p.id, p.question, p.answer] for p in problems], "executor": executor_identity(cfg),
            "execution": c["execution"], "reward": c["reward"],
            "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 3}
     if rep.get("runs") is not None:  # only when set: the keys of every earlier baseline stay valid
