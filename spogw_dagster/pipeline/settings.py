@@ -581,18 +581,16 @@ def _hashed(cfg: SpogwConfig) -> dict[str, Any]:
             d[section]["reserved_validation"] = reserved
     d["training"].pop("processes", None)  # how the adapter is computed, not what (TrainingSection)
     d["training"].pop("shared_prompt", None)  # the same: how a batch is computed (core/device_paths.py)
-    d["executor"] = executor_identity(cfg)
+    d["executor"] = executor_identity(d["executor"])
     return d
 
 
-def executor_identity(cfg: SpogwConfig) -> dict[str, Any]:
-    """The executor section as hashes see it. Where the call cache lives is storage, not configuration:
-    `--seeds` points every seed at one shared file, so with the path hashed a copied or moved `--seeds` run got
-    another hash and redid finished iterations (and missed its cached baselines). It counts as the default, so
-    runs that never set it keep their hashes."""
-    d = cfg.canonical()["executor"]
-    d["cache_file"] = ExecutorSection.model_fields["cache_file"].default
-    return d
+def executor_identity(executor: dict[str, Any]) -> dict[str, Any]:
+    """The canonical executor section (`cfg.canonical()["executor"]`) as hashes see it. Where the call cache
+    lives is storage, not configuration: `--seeds` points every seed at one shared file, so with the path hashed
+    a copied or moved `--seeds` run got another hash and redid finished iterations (and missed its cached
+    baselines). It counts as the default, so runs that never set it keep their hashes."""
+    return {**executor, "cache_file": ExecutorSection.model_fields["cache_file"].default}
 
 
 def section_hash(cfg: SpogwConfig, asset: str) -> str:

@@ -134,7 +134,7 @@ def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     c = cfg.canonical()
     rep = c["report"]
     doc = {"code": baseline_workflow(problems[0].family, method), "benchmark": c["benchmark"]["name"],
-           "queries": [[p.id, p.question, p.answer] for p in problems], "executor": executor_identity(cfg),
+           "queries": [[p.id, p.question, p.answer] for p in problems], "executor": executor_identity(c["executor"]),
            "execution": c["execution"], "reward": c["reward"],
            "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 3}
     if rep.get("runs") is not None:  # only when set: the keys of every earlier baseline stay valid
