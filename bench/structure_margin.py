@@ -14,6 +14,10 @@ Nothing is executed and nothing is written. The completions are written the way 
 (a leading space after the prompt's prefilled indentation, then 9-space lines), so that the tokens match.
 
     python bench/structure_margin.py --config run.yaml --assets-dir ~/runs/a37/seed-0 [--limit 40]
+
+`--split validation` reads the validation prompts instead (where training settings are chosen: no answer is
+used here, but a choice made on test prompts is still a choice made on test), and `--adapter NAME=PATH` adds an
+adapter trained outside the run (e.g. the same data at another learning rate) beside the run's checkpoints.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--config", required=True, help="the run's YAML config (or a profile name)")
     ap.add_argument("--assets-dir", required=True, type=Path, help="the run's seed folder (holds lora_checkpoint/)")
     ap.add_argument("--limit", type=int, default=None, help="first N held-out queries (default: the config's)")
+    ap.add_argument("--split", choices=("test", "validation"), default="test",
+                    help="whose prompts: the report's held-out test queries, or the validation split")
+    ap.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                    help="another adapter to score beside the run's checkpoints (repeatable)")
     ap.add_argument("--json", type=Path, default=None, help="also write the per-query numbers here")
     return ap.parse_args(argv)
 
@@ -79,21 +87,41 @@ def summarize(name: str, lp: dict[str, list[float]], ft: dict[str, list[float]])
             "first_token_mean_p": {w: sum(v) / n for w, v in ft.items()}}
 
 
+def prompt_problems(cfg, assets_dir: Path, split: str) -> list:
+    """The report's held-out test queries, or the validation split's queries (those the validation gate scores)."""
+    from spogw_dagster.benchmarks.queries import split_problems
+    from spogw_dagster.pipeline.defs.resources import PipelineResource
+
+    if split == "test":
+        return PipelineResource.from_config(cfg, assets_dir).heldout_queries()
+    b = cfg.benchmark
+    problems, _ = split_problems(b.name, "validation", limit=b.validation_queries, seed=b.split_seed,
+                                 path=b.data_path, reserve=cfg.reserved_validation("validation"))
+    return problems
+
+
+def _named_adapter(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not Path(path).is_dir():
+        raise SystemExit(f"--adapter {text!r}: give NAME=PATH with PATH an adapter folder")
+    return name, path
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import polars as pl
 
     from spogw_dagster.models import load_model_and_tokenizer
-    from spogw_dagster.pipeline.defs.resources import PipelineResource
     from spogw_dagster.pipeline.settings import load_config
     from spogw_dagster.workflow.template import generator_prompt
 
     cfg = load_config(config_file=args.config) if Path(args.config).is_file() else load_config(args.config)
-    problems = PipelineResource.from_config(cfg, args.assets_dir).heldout_queries()[: args.limit]
+    problems = prompt_problems(cfg, args.assets_dir, args.split)[: args.limit]
     prompts = [generator_prompt(p.family, p.question, cfg.generator.prompt) for p in problems]
     ckpts = pl.read_parquet(sorted((args.assets_dir / "lora_checkpoint").glob("*.parquet")))
     policies = [("base", None)] + [(f"checkpoint {r['iteration']:04d}", r["adapter_path"])
                                    for r in ckpts.sort("iteration").iter_rows(named=True)]
+    policies += [_named_adapter(a) for a in args.adapter]
     rows, per_query = [], {}
     for name, adapter in policies:
         model, tok = load_model_and_tokenizer(cfg.generator.model, adapter_path=adapter)
@@ -102,7 +130,7 @@ def main(argv=None) -> int:
         rows.append(summarize(name, lp, ft))
         per_query[name] = {"query_ids": [p.id for p in problems], "logprob": lp, "first_token_p": ft}
         del model
-    print(f"structure log-probs on {len(prompts)} held-out prompts ({cfg.benchmark.name}, prompt "
+    print(f"structure log-probs on {len(prompts)} {args.split} prompts ({cfg.benchmark.name}, prompt "
           f"{cfg.generator.prompt!r}); margin = log p(structure) - log p(gen_test), mean over queries")
     print(f"{'policy':<16}" + "".join(f"{s:>24}" for s in STRUCTURES) + f"{'p( solution)':>14}{'p( solutions)':>15}")
     for r in rows:

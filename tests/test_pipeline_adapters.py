@@ -77,3 +77,36 @@ def test_lora_checkpoint_asset_with_no_training_data_carries_the_base_policy(tmp
     assert md["trained"].value is False
     assert [(e.check_name, e.passed) for e in res.get_asset_check_evaluations()] == [
         ("loss_finite_and_adapter_reloads", True)]
+
+
+@pytest.mark.model
+def test_lora_checkpoint_does_not_train_on_too_few_queries(tmp_path):
+    """training.min_queries = 2 with sharpened groups of one query: nothing is trained, the parent policy (at
+    iteration 0 the base) is carried forward, and the checkpoint's stats and training_rows say so."""
+    from spogw_dagster.pipeline.defs.assets import build_assets
+    from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
+    from spogw_dagster.pipeline.defs.wiring import build_definitions
+
+    store = AssetStore(tmp_path)
+    sampled = [{"iteration": 0, "query_id": "q1", "sample_idx": i, "prompt": "p", "completion": f"c{i}",
+                "workflow": "w", "parse_status": "ok", "completion_token_ids": [5 + i, 6], "logprobs": [-1.0, -1.5],
+                "n_tokens": 2} for i in range(2)]
+    sharpened = pl.DataFrame({"iteration": [0, 0], "query_id": ["q1", "q1"], "group_id": ["g0", "g0"],
+                              "sample_idx": [0, 1], "score": [1.0, 0.0], "role": ["top", "bottom"], "rank": [0, 1],
+                              "group_mean": [0.5, 0.5], "group_std": [0.5, 0.5], "advantage": [1.0, -1.0]},
+                             schema=ADVANTAGE_SCHEMA)
+    store.write_parquet("sharpened_groups", "0000", sharpened)
+    store.write_parquet("sampled_workflows", "0000", tables.typed_frame(sampled, tables.SAMPLED_SCHEMA))
+    store.write_parquet("execution_scores", "0000", tables.execution_frame([]))
+    over = {"training": {"min_queries": 2}}
+    defs = build_definitions("ci", assets_dir=tmp_path, overrides=over)
+    with dg.instance_for_test() as inst:
+        inst.add_dynamic_partitions(PARTITIONS_NAME, ["0000"])
+        res = dg.materialize(build_assets(load_config("ci", overrides=over)), selection=["lora_checkpoint"],
+                             partition_key="0000", instance=inst, resources=defs.resources)
+    assert res.success
+    row = store.read_parquet("lora_checkpoint", "0000").row(0, named=True)
+    assert row["trained"] is False and row["n_examples"] == 0 and row["optimizer_steps"] == 0
+    stats = json.loads((store.adapter_dir("0000") / "training_stats.json").read_text())
+    assert stats["reason"] == "training data on 1 query only, fewer than training.min_queries = 2"
+    assert store.read_parquet("training_rows", "0000").height == 0

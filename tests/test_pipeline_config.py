@@ -58,6 +58,8 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"reward": {"format": 0.5, "answer": 0.8}}, "sum to 1.7 > 1"),
     ({"reward": {"valid": float("nan")}}, "finite numbers"),
     ({"iterations": 0}, "iterations"),
+    ({"training": {"min_queries": 3}}, "training.min_queries=3 is more than benchmark.train_queries=2"),
+    ({"training": {"min_queries": 0}}, "training.min_queries"),
     ({"nonsense": 1}, "nonsense"),
 ])
 def test_validation_errors_name_the_field_and_fix(overrides, message):
@@ -186,6 +188,19 @@ def test_training_processes_reach_the_assets_and_stay_out_of_the_hashes(tmp_path
     assert "processes" not in two.train_config().to_dict()  # nor in the trainer's run hash
     with pytest.raises(ConfigValidationError, match=r"processes=2 with training.lora_dropout=0.1.*lora_dropout: 0"):
         load_config("ci", overrides={"training": {"processes": 2, "lora_dropout": 0.1}})
+
+
+def test_min_queries_is_hashed_for_training_only_when_set():
+    """training.min_queries decides whether lora_checkpoint trains, so a set value is in its section hash; the
+    default (1) is left out, so configs written before it existed keep their hashes. The trainer never sees it."""
+    ci = load_config("ci")
+    same = load_config("ci", overrides={"training": {"min_queries": 1}})
+    two = load_config("ci", overrides={"training": {"min_queries": 2}})
+    assert config_hash(same) == config_hash(ci) and section_hash(same, "lora_checkpoint") == section_hash(
+        ci, "lora_checkpoint")
+    assert section_hash(two, "lora_checkpoint") != section_hash(ci, "lora_checkpoint")
+    assert section_hash(two, "sampled_workflows") == section_hash(ci, "sampled_workflows")
+    assert "min_queries" not in two.train_config().to_dict() and two.training.min_queries == 2
 
 
 def test_every_other_profile_points_to_the_headline_run():

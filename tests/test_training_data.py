@@ -350,3 +350,30 @@ def test_score_dpo_needs_explicit_pairs_and_keeps_each_pair_in_one_micro_batch(t
     with pytest.raises(ValueError, match="must exceed"):
         bad = [replace(p, role="rejected" if p.role == "chosen" else "chosen") for p in pairs[:2]]
         train_lora(bad, _cfg("score_dpo"), tmp_path / "bad", base_model=tiny_model)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training.min_queries: too narrow a training set is not trained on
+
+
+def test_require_queries_drops_data_on_too_few_queries_and_says_why():
+    sampled, scores = _pipeline_frames()
+    sharpened = pl.DataFrame({"iteration": [0] * 4, "query_id": ["a", "a", "b", "b"], "group_id": ["g0", "g0", "g1", "g1"],
+                              "sample_idx": [0, 2, 0, 1], "score": [1.0, 0.0, 0.6, 0.3], "role": ["top", "bottom"] * 2,
+                              "rank": [0, 1, 0, 1], "group_mean": [0.5, 0.5, 0.45, 0.45],
+                              "group_std": [0.5, 0.5, 0.15, 0.15], "advantage": [1.0, -1.0, 1.0, -1.0]})
+    ex, rows = training_inputs.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
+    assert len(ex) == 4 and rows["query_id"].n_unique() == 2
+    # two queries meet a minimum of 2 (and the default 1): the data passes unchanged
+    for k in (1, 2):
+        kept, kept_rows, why = training_inputs.require_queries(ex, rows, k)
+        assert why is None and kept is ex and kept_rows.equals(rows)
+    # a minimum of 3: nothing is trained on, the rows table is empty with its schema, and the reason names the knob
+    kept, kept_rows, why = training_inputs.require_queries(ex, rows, 3)
+    assert kept == [] and kept_rows.height == 0 and kept_rows.schema == rows.schema
+    assert why == "training data on 2 queries only, fewer than training.min_queries = 3"
+    one = rows.filter(pl.col("query_id") == "a")
+    assert training_inputs.require_queries(ex[:2], one, 2)[2] == \
+        "training data on 1 query only, fewer than training.min_queries = 2"
+    # no rows at all is the objective's own no-data case: passed through without a reason of this check
+    assert training_inputs.require_queries([], rows.clear(), 5)[2] is None

@@ -251,6 +251,8 @@ def _derived(core_cls: type, *, exclude: tuple[str, ...] = ()) -> type[_Section]
 
 # The training temperature and dtype are not settable: π_old must match the sampler, so both are the generator's.
 TRAINING_FROM_GENERATOR = ("temperature", "dtype")
+# The training section's fields that are the pipeline's, not the trainer's (`TrainConfig` has none of them)
+PIPELINE_TRAINING_FIELDS = ("processes", "min_queries")
 
 
 class RewardSection(_derived(Ladder)):  # type: ignore[misc]
@@ -284,6 +286,10 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
     it needs lora_dropout = 0 (dropout masks are drawn per process)."""
 
     processes: int = Field(1, ge=1)
+    # Train only when the iteration's training rows cover at least this many queries, else carry π_{k-1}
+    # forward (as with no data). Once a policy concentrates, the near-duplicate screen can leave a few groups
+    # of one query, and a few steps on them move the greedy policy anywhere (run J: docs/methods.md)
+    min_queries: int = Field(1, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -302,11 +308,14 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         obj = d.get("objective") if isinstance(d, dict) else None
         if isinstance(d, dict) and (obj not in registry.names() or registry.get(obj).data != "candidates"):
             d.pop("rwr_reward", None)
+        if isinstance(d, dict) and d.get("min_queries") == 1:  # the default: older configs keep their hash
+            d.pop("min_queries")
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
-        # the fields themselves, not model_dump (whose hash-stable form leaves some out)
-        fields = {k: getattr(self, k) for k in type(self).model_fields if k != "processes"}
+        # the fields themselves, not model_dump (whose hash-stable form leaves some out); the pipeline's own
+        # fields are not the trainer's
+        fields = {k: getattr(self, k) for k in type(self).model_fields if k not in PIPELINE_TRAINING_FIELDS}
         return TrainConfig.from_dict({**fields, "temperature": float(temperature), "dtype": dtype})
 
 
@@ -478,6 +487,9 @@ class SpogwConfig(BaseModel):
                              f"{self.training.lora_dropout}: each process would draw other dropout masks than one "
                              "process does, so the run would not be the 1-process run; set lora_dropout: 0 or "
                              "processes: 1")
+        if self.training.min_queries > self.benchmark.train_queries:
+            raise ValueError(f"training.min_queries={self.training.min_queries} is more than benchmark.train_queries="
+                             f"{self.benchmark.train_queries}: no iteration could ever train; lower min_queries")
         if self.generator.anchors and not shown_workflows(get_spec(self.benchmark.name).family, self.generator.prompt):
             raise ValueError(f"generator.anchors adds the workflows the prompt shows, and prompt "
                              f"{self.generator.prompt!r} shows none that every query shares; set generator.prompt "

@@ -67,6 +67,18 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
     return sharpened_training_data(sharpened, sampled, objective, iteration)
 
 
+def require_queries(examples: list, rows: pl.DataFrame, min_queries: int) -> tuple[list, pl.DataFrame, str | None]:
+    """The training data unchanged, or none (with the reason) when its rows cover fewer than `min_queries`
+    distinct queries: a few groups of one query are too narrow a signal to move the whole policy on
+    (`training.min_queries`). No rows at all is the objective's own no-data case and passes through."""
+    k = rows["query_id"].n_unique() if rows.height else 0
+    if 0 < k < min_queries:
+        what = "query" if k == 1 else "queries"
+        return [], rows.clear(), (f"training data on {k} {what} only, fewer than training.min_queries = "
+                                  f"{min_queries}")
+    return examples, rows, None
+
+
 def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, objective: str,
                             iteration: int) -> tuple[list, pl.DataFrame]:
     """The GRPO family's data: `training_examples` (one example per sharpened member and group) and its rows."""

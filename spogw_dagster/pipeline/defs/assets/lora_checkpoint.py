@@ -1,8 +1,8 @@
 """lora_checkpoint(k): the LoRA adapter of iteration k, trained with the configured objective (ioGRPO + mKL by
 default) on the sharpened groups, continuing from lora_checkpoint(k-1). The baselines read the full scored
 candidate set instead (sampled_workflows joined with execution_scores), as their papers do: score_dpo
-ScoreFlow's pairs, rwr W4S's every-candidate-once (`training_inputs.training_data`). With no training data the parent
-policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from. With `selection` on,
+ScoreFlow's pairs, rwr W4S's every-candidate-once (`training_inputs.training_data`). With no training data, or data
+on fewer than `training.min_queries` queries, the parent policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from. With `selection` on,
 the trained adapter becomes checkpoint k only if it beats π_{k-1} on the validation split (`domain/selection.py`);
 otherwise π_{k-1} is carried forward the same way and the trained adapter stays in `<k>.trained`.
 
@@ -56,12 +56,13 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     tcfg = cfg.train_config()
     examples, used = training_inputs.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
                                           tcfg.objective_config(), key_to_int(key))
+    examples, used, narrow = training_inputs.require_queries(examples, used, cfg.training.min_queries)
     out = store.adapter_dir(key)
     gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
     target, other = (trained_dir(store, key), out) if gated else (out, trained_dir(store, key))
     if examples:
         _adopt_finished_run(examples, tcfg, cfg.generator.model, target, other, parent)
-    stats, reused = _train_or_carry(context, cfg, examples, target, parent)
+    stats, reused = _train_or_carry(context, cfg, examples, target, parent, narrow)
     verdict = _select(context, pipeline, key, parent) if gated else None
     if not gated:  # an earlier gated run's validation rows do not describe this checkpoint
         store.parquet_path(SELECTION_RESULTS, key).unlink(missing_ok=True)
@@ -70,7 +71,8 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     context.add_output_metadata({**common_metadata(cfg, NAME, t0), **_metadata(row, parent, stats),
                                  "training_rows": dg.MetadataValue.json(_rows_summary(used)),
                                  **({"selection": dg.MetadataValue.json(verdict.as_dict())} if verdict else {})})
-    say(context, ("trained" if row["trained"] else "carried forward (no data)") + f" on {len(examples)} examples, "
+    say(context, ("trained" if row["trained"] else f"carried forward ({narrow or 'no data'})")
+        + f" on {len(examples)} examples, "
                  f"{row['optimizer_steps']} steps, last loss {row['last_loss']}"
                  + (" (identical earlier run reused)" if reused else "")
                  + ("" if verdict is None else "; " + ("kept" if verdict.keep else "not kept: parent carried forward"))
@@ -128,13 +130,15 @@ def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
             "queries": rows["query_id"].n_unique()}
 
 
-def _train_or_carry(context, cfg, examples: list, out: Path, parent) -> tuple[dict[str, Any], bool]:
-    """Train on the examples; without any, carry the parent adapter forward. Returns (training stats, reused)."""
+def _train_or_carry(context, cfg, examples: list, out: Path, parent,
+                    narrow: str | None = None) -> tuple[dict[str, Any], bool]:
+    """Train on the examples; without any, carry the parent adapter forward, saying why (`narrow`: the data
+    covered too few queries). Returns (training stats, reused)."""
 
 
     tcfg = cfg.train_config()
     if not examples:
-        reason = tcfg.spec.no_data  # the objective's own words (core.training.registry)
+        reason = narrow or tcfg.spec.no_data  # else the objective's own words (core.training.registry)
         context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
                             "checkpoint")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,

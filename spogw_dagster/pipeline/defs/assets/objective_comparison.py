@@ -155,7 +155,10 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
         cc = mcfg.curation_config()
         sharpened = curation.sharpen(curation.screen(tables.curation_input(sampled, scores), cc).groups, cc).members
     tcfg = mcfg.train_config()
-    return training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
+    examples, rows = training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(),
+                                                   iteration)
+    examples, rows, _ = training_inputs.require_queries(examples, rows, mcfg.training.min_queries)  # as the loop
+    return examples, rows
 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
