@@ -830,20 +830,20 @@ def scored_candidates(samples: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame
 def ran_mask(df: pl.DataFrame) -> pl.Series:
     """Which rows are workflows that **ran**, the one definition both baselines' data paths use: status `ok` (it
     parsed, the validator accepted it and at least one run finished without error or timeout, as
-    `evaluation.aggregate_status` sets it), no run a `sandbox_violation` (`run_statuses`, when the frame has it:
-    a workflow that tried to leave the sandbox is never training data, even if another run finished), and not
-    `trivial` (its answer is no solution-writing operator's output, `core.rewards.is_trivial`: nothing ran that
-    could have answered; the ladder withholds its executes rung for the same reason). Needs the `trivial` column
-    (execution_scores has one); a null there (an unknown) counts as not trivial."""
-    if "trivial" not in df.columns:
-        raise ValueError("ran_mask needs a trivial column (execution_scores has one): rematerialize execution_scores")
+    `evaluation.aggregate_status` sets it), no run a `sandbox_violation` (`run_statuses`: a workflow that tried
+    to leave the sandbox is never training data, even if another run finished), and not `trivial` (its answer
+    is no solution-writing operator's output, `core.rewards.is_trivial`: nothing ran that could have answered;
+    the ladder withholds its executes rung for the same reason). Needs the `trivial` and `run_statuses` columns
+    (execution_scores has both: a frame without one cannot say the workflow ran, so it is refused rather than
+    let a sandbox violation through); a null there (an unknown) counts as not trivial / no violation."""
+    missing = [c for c in ("trivial", "run_statuses") if c not in df.columns]
+    if missing:
+        raise ValueError(f"ran_mask needs the column(s) {', '.join(missing)} (execution_scores has them): "
+                         "rematerialize execution_scores")
     ok = pl.col("status") == Status.OK.value
     not_trivial = ~pl.col("trivial").cast(pl.Boolean()).fill_null(False)
-    mask = ok & not_trivial
-    if "run_statuses" in df.columns:
-        violated = pl.col("run_statuses").list.contains(Status.SANDBOX_VIOLATION.value).fill_null(False)
-        mask = mask & ~violated
-    return df.select(mask.alias("ran"))["ran"]
+    violated = pl.col("run_statuses").list.contains(Status.SANDBOX_VIOLATION.value).fill_null(False)
+    return df.select((ok & not_trivial & ~violated).alias("ran"))["ran"]
 
 
 def score_dpo_candidates(df: pl.DataFrame) -> pl.DataFrame:

@@ -99,7 +99,7 @@ def training_candidates(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataF
     left out (there is nothing to train on; the trainer refuses empty completions)."""
 
     usable, _ = core_candidates(curation_input(sampled, scores))
-    extra = [c for c in _SCORE_TRAIN_COLS if c in scores.columns]  # trivial: ran_mask asks for it by name
+    extra = [c for c in _SCORE_TRAIN_COLS if c in scores.columns]  # a missing one: ran_mask asks for it by name
     j = (usable.join(sampled.select(_KEY + _SAMPLED_TRAIN_COLS), on=_KEY, how="left")
          .join(scores.select(_KEY + extra), on=_KEY, how="left"))
     return j.filter(pl.col("completion_token_ids").list.len() > 0).sort(_KEY)
