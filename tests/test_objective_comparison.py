@@ -220,6 +220,16 @@ def test_a_planted_effect_on_40_queries_is_rejected_in_the_default_family_with_t
 
     assert p_label(fam.filter(pl.col("method") == "grpo").row(0, named=True)) == "0.006 (Holm)"
     assert p_label(diag.row(0, named=True)).endswith("(diagnostic, unadjusted)")
+    # the printed table (asset Markdown and `spogw compare` share these cells): grpo's greedy answer row by hand
+    from spogw_dagster.pipeline.data.report_stats import comparison_cells
+
+    note, cells = comparison_cells(t, ["answer_score"])
+    assert "over the 6 answer-score differences of the trained methods to spogw (2000 bootstrap resamples)" in note
+    assert [(c["method"], c["mode"]) for c in cells] == [(m, mode) for mode in ("greedy", "sampled")
+                                                          for m in ("grpo", "rwr", "score_dpo", "spogw")]
+    g = cells[0]
+    assert g["value"].startswith("0.750 [") and g["diff"].startswith("+0.500 [") and g["p"] == "0.006 (Holm)"
+    assert g["holm"].startswith("[+") and cells[3]["diff"] == cells[3]["holm"] == cells[3]["p"] == ""  # spogw
 
 
 @pytest.mark.parametrize("profile", ["tiny", "answers", "ci"])

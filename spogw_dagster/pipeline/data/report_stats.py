@@ -263,6 +263,30 @@ def system_rows(heldout: pl.DataFrame, system: str) -> pl.DataFrame:
     return rows.filter(pl.col("iteration") == first)
 
 
+def comparison_cells(table: pl.DataFrame, metrics: Sequence[str]) -> tuple[str, list[dict[str, str]]]:
+    """objective_comparison's table as printed (the asset's Markdown and `spogw compare`'s text share it): a
+    sentence on the Holm family, and one row of text cells per (metric, mode, method) of `metrics`: method,
+    mode, metric, value (its 95% interval), diff (Δ vs the reference, 95%), holm (the Holm interval), p."""
+    ref = table["reference"][0] if table.height else ""
+    fam = table["family_size"].max() if "family_size" in table.columns else None
+    big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else None
+    note = (f"Holm: family-wise error 0.05 over the {fam or 0} answer-score differences of the trained methods to "
+            f"{ref} ({big_b or 0} bootstrap resamples); the Holm interval is at the level of the difference's rank, "
+            "p its Holm-adjusted p-value; the other metrics are diagnostics: p unadjusted, not a finding.")
+    rows = []
+    for r in table.filter(pl.col("metric").is_in(list(metrics))).sort(["metric", "mode", "method"]).iter_rows(named=True):
+        diff = holm = p = ""
+        if r["diff_vs_reference"] is not None:
+            diff = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
+            if r.get("p_holm") is not None:
+                holm = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
+            p = p_label(r)
+        rows.append({"method": r["method"], "mode": r["mode"], "metric": r["metric"],
+                     "value": f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
+                     "diff": diff, "holm": holm, "p": p})
+    return note, rows
+
+
 def p_label(row: dict[str, Any]) -> str:
     """A comparison row's p-value as printed: Holm-adjusted for a member of the headline family, unadjusted and
     labelled for a diagnostic, "" for a row without a test (`test_role`)."""

@@ -268,10 +268,8 @@ def compare_command(args: argparse.Namespace) -> int:
 def _objective_comparison(args: argparse.Namespace) -> int:
     import json as _json
 
-    import polars as pl
-
     # lazy: start-up time (module doc)
-    from spogw_dagster.pipeline.data.report_stats import p_label
+    from spogw_dagster.pipeline.data.report_stats import comparison_cells
     from spogw_dagster.pipeline.runs.loop import run_comparison
 
     methods = [o.strip() for o in args.methods.split(",") if o.strip()] if args.methods else None
@@ -280,24 +278,13 @@ def _objective_comparison(args: argparse.Namespace) -> int:
         print(_json.dumps(table.to_dicts(), indent=1, default=str))
         return 0
     ref = table["reference"][0]
-    main = table.filter(pl.col("metric").is_in(["answer_score", "valid_rate", "executes_rate", "mean_reward"]))
-    fam = table["family_size"].max() if "family_size" in table.columns else 0
-    big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else 0
+    note, cells = comparison_cells(table, ["answer_score", "valid_rate", "executes_rate", "mean_reward"])
     print(f"methods on iteration {args.iteration:04d}'s data (same parent adapter, data and seeds), scored on "
-          f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries; Holm: "
-          f"family-wise error 0.05 over the {fam} answer-score differences of the methods ({big_b} resamples; "
-          "interval at the rank's level, adjusted p); other metrics are diagnostics: p unadjusted, not a finding")
+          f"{table['split'][0]}; Δ: paired difference to {ref}, 95% paired bootstrap over queries. {note}")
     print(f"  {'method':<22}{'mode':<9}{'metric':<15}{'value [95% CI]':>24}{'Δ vs ' + ref + ' [95% CI]':>32}"
           f"{'Holm CI':>20}  p")
-    for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
-        v = f"{r['value']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
-        d, h, p = "", "", ""
-        if r["diff_vs_reference"] is not None:
-            d = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
-            if r.get("p_holm") is not None:
-                h = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
-            p = p_label(r)
-        print(f"  {r['method']:<22}{r['mode']:<9}{r['metric']:<15}{v:>24}{d:>32}{h:>20}  {p}")
+    for c in cells:
+        print(f"  {c['method']:<22}{c['mode']:<9}{c['metric']:<15}{c['value']:>24}{c['diff']:>32}{c['holm']:>20}  {c['p']}")
     return 0
 
 

@@ -392,23 +392,11 @@ def with_holm(table: pl.DataFrame, heldout: pl.DataFrame, *, reference: str, res
 
 
 def _metadata(table: pl.DataFrame, reference: str) -> dict[str, Any]:
-    main = table.filter(pl.col("metric").is_in(["valid_rate", "mean_reward", "answer_score"]))
-    fam = table["family_size"].max() if "family_size" in table.columns else None
-    big_b = table.filter(pl.col("family_size").is_not_null())["p_resamples"].max() if fam else None
-    lines = [f"Holm: family-wise error 0.05 over the {fam or 0} answer-score differences of the trained methods to "
-             f"{reference} ({big_b} bootstrap resamples); the Holm interval is at the level of the difference's rank, "
-             "p its Holm-adjusted p-value; the other metrics are diagnostics: p unadjusted, not a finding.", "",
-             "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p |",
+    note, cells = report_stats.comparison_cells(table, ["valid_rate", "mean_reward", "answer_score"])
+    lines = [note, "", "| method | mode | metric | value [95% CI] | Δ vs " + reference + " [95% CI] | Δ [Holm CI] | p |",
              "|---|---|---|---|---|---|---|"]
-    for r in main.sort(["metric", "mode", "method"]).iter_rows(named=True):
-        diff, holm_ci, p = "", "", ""
-        if r["diff_vs_reference"] is not None:
-            diff = f"{r['diff_vs_reference']:+.3f} [{r['diff_ci_low']:+.3f}, {r['diff_ci_high']:+.3f}]"
-            if r.get("p_holm") is not None:
-                holm_ci = f"[{r['holm_ci_low']:+.3f}, {r['holm_ci_high']:+.3f}]"
-            p = report_stats.p_label(r)
-        lines.append(f"| {r['method']} | {r['mode']} | {r['metric']} | {r['value']:.3f} "
-                     f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {diff} | {holm_ci} | {p} |")
+    lines += [f"| {c['method']} | {c['mode']} | {c['metric']} | {c['value']} | {c['diff']} | {c['holm']} | {c['p']} |"
+              for c in cells]
     return {
         "comparison": dg.MetadataValue.md("\n".join(lines)),
         "plot": dg.MetadataValue.md(method_bars(table, reference)),
