@@ -110,10 +110,14 @@ PROFILES: dict[str, dict[str, Any]] = {
         # valid_only (run H, I): groups compare what valid workflows answer, not whether they parse
         "curation": {"m": 8, "n": 4, "t": 2, "g_max": 4, "tau_sim": 0.95, "tau_std": 0.01, "adv_std_floor": 0.25,
                      "valid_only": True},
-        # lr 1e-3 (tiny's 5e-4 moved probabilities but not one greedy workflow in runs A and B): run C moved 7 of 40
+        # lr 1e-3 (tiny's 5e-4 moved probabilities but not one greedy workflow in runs A and B): run C moved 7 of 40.
+        # min_queries 4 (a quarter of the 16): an iteration trains only on groups of at least 4 queries; run J's
+        # second iteration trained 4 steps on one query's groups and undid seed 0's gain (it matters from
+        # `--iterations 2` on; iteration 0 of run I had groups on 12-14 queries in each of three seeds)
         "training": {"lora_r": 8, "lora_alpha": 16, "learning_rate": 1e-3, "epochs": 2, "batch_size": 8,
                      "objective": "spogw", "beta": 0.1, "old_logprobs": "data", "max_completion_tokens": 128,
-                     "eval_after": False, "dpo_num_pairs": 291, "aggregate_unique": False},  # 291: as tiny
+                     "eval_after": False, "dpo_num_pairs": 291, "aggregate_unique": False,  # 291: as tiny
+                     "min_queries": 4},
         # pass@1 of the greedy workflow per query (paired with π_{k-1}): one held-out workflow per query and
         # policy; IO as the report's baseline (CoT adds 35 min and scored below IO; the five-baseline table is
         # `spogw baseline`'s, on the same executor and all 83 queries)
