@@ -1,0 +1,94 @@
+"""Train one iteration of a finished run again at other training settings, on the same data: no sampling and no
+executor call, so a learning rate or an epoch count is compared on identical groups.
+
+It reads the iteration's stored sharpened_groups, sampled_workflows and execution_scores, builds the training
+examples the loop builds (`training_inputs.training_data`, `training.min_queries` applied) and trains them from
+the run's parent adapter with the changed `training:` fields. `--check` trains nothing: it says whether the run's
+own checkpoint is exactly what these examples and the unchanged settings train (the trainer's run hash), which
+proves the data path before a retrained adapter is compared with it. Score the adapter with
+`bench/structure_margin.py --adapter NAME=OUT` (no executor) or `spogw evaluate --adapter OUT`.
+
+    python bench/retrain.py --config run.yaml --assets-dir ~/runs/i37b --seed 1 --check
+    python bench/retrain.py --config run.yaml --assets-dir ~/runs/i37b --seed 1 --set epochs=3 --out ~/runs/s1-e3
+
+`--assets-dir` is a `spogw run --seeds` root (its `seed-<s>` folders share one call cache) or, without `--seed`,
+one run's own assets directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="the run's YAML config (or a profile name)")
+    ap.add_argument("--assets-dir", required=True, type=Path, help="a --seeds root, or a run's assets directory")
+    ap.add_argument("--seed", type=int, default=None, help="the training seed (its seed-<s> folder, as --seeds)")
+    ap.add_argument("--iteration", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a training field to change, e.g. epochs=3 or learning_rate=2e-3 (YAML value; repeatable)")
+    ap.add_argument("--out", type=Path, default=None, help="where the new adapter goes")
+    ap.add_argument("--check", action="store_true", help="train nothing: does the run's checkpoint match?")
+    return ap.parse_args(argv)
+
+
+def training_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--set {pair!r}: give FIELD=VALUE, e.g. epochs=3")
+        out[name] = yaml.safe_load(value)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.check and args.out is None:
+        raise SystemExit("give --out (where the adapter goes) or --check")
+    from spogw_dagster.core.training import finished_run
+    from spogw_dagster.core.training.launch import fit_adapter
+    from spogw_dagster.pipeline.data import training_inputs
+    from spogw_dagster.pipeline.data.storage import AssetStore
+    from spogw_dagster.pipeline.domain.headline import seed_overrides
+    from spogw_dagster.pipeline.settings import deep_merge, load_config
+
+    over = seed_overrides(args.seed, args.assets_dir / "call_cache.sqlite") if args.seed is not None else {}
+    over = deep_merge(over, {"training": training_overrides(args.set)})
+    is_file = Path(args.config).is_file()
+    cfg = load_config(None if is_file else args.config, args.config if is_file else None, over)
+    store = AssetStore(args.assets_dir / f"seed-{args.seed}" if args.seed is not None else args.assets_dir)
+    key, k = f"{args.iteration:04d}", args.iteration
+    sharpened, sampled, scores = (store.read_parquet(n, key) for n in
+                                  ("sharpened_groups", "sampled_workflows", "execution_scores"))
+    tcfg = cfg.train_config()
+    examples, rows = training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), k)
+    examples, rows, narrow = training_inputs.require_queries(examples, rows, cfg.training.min_queries)
+    if narrow or not examples:
+        raise SystemExit(f"iteration {key} has nothing to train: {narrow or tcfg.spec.no_data}")
+    parent = store.adapter_dir(f"{k - 1:04d}") if k > 0 else None
+    print(f"{len(examples)} examples on {rows['query_id'].n_unique()} queries; {tcfg.objective}, lr "
+          f"{tcfg.learning_rate}, {tcfg.epochs} epochs, seed {tcfg.seed}", flush=True)
+    if args.check:
+        own = store.adapter_dir(key)
+        same = finished_run(examples, tcfg, own, cfg.generator.model, parent) is not None
+        print(f"the run's lora_checkpoint[{key}] is {'exactly' if same else 'NOT'} this training run")
+        return 0 if same else 1
+    res = fit_adapter(examples, tcfg, args.out, base_model=cfg.generator.model, previous_adapter=parent,
+                      processes=cfg.training.processes, progress=lambda m: print(m, flush=True))
+    s = res.stats.get("summary", {})
+    print(f"adapter: {args.out} ({s.get('optimizer_steps')} steps, last loss {s.get('last_loss')}, "
+          f"{s.get('total_seconds')} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
