@@ -41,12 +41,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def training_overrides(pairs: list[str]) -> dict:
+    """`--set` pairs as the `training:` overrides: numbers as numbers (YAML reads 2e-3 as text), else YAML."""
     out = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise SystemExit(f"--set {pair!r}: give FIELD=VALUE, e.g. epochs=3")
-        out[name] = yaml.safe_load(value)
+        for number in (int, float):
+            try:
+                out[name] = number(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[name] = yaml.safe_load(value)
     return out
 
 

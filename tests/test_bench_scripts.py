@@ -31,3 +31,18 @@ def test_every_bench_script_imports():
     res = subprocess.run([sys.executable, "-c", LOAD_ALL, *scripts], capture_output=True, text=True, timeout=600,
                          cwd=BENCH.parent)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+
+
+def test_retrain_reads_its_settings_as_the_config_would():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_retrain", BENCH / "retrain.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    got = mod.training_overrides(["epochs=3", "learning_rate=2e-3", "objective=grpo", "eval_after=true"])
+    assert got == {"epochs": 3, "learning_rate": 0.002, "objective": "grpo", "eval_after": True}
+    assert type(got["epochs"]) is int and type(got["learning_rate"]) is float
+    import pytest
+
+    with pytest.raises(SystemExit, match="FIELD=VALUE"):
+        mod.training_overrides(["epochs"])
