@@ -65,6 +65,7 @@ def main(argv=None) -> int:
     from spogw_dagster.core.training import finished_run
     from spogw_dagster.core.training.launch import fit_adapter
     from spogw_dagster.pipeline.data import training_inputs
+    from spogw_dagster.pipeline.data.checkpoints import trained_dir
     from spogw_dagster.pipeline.data.storage import AssetStore
     from spogw_dagster.pipeline.domain.headline import seed_overrides
     from spogw_dagster.pipeline.settings import deep_merge, load_config
@@ -85,9 +86,9 @@ def main(argv=None) -> int:
     parent = store.adapter_dir(f"{k - 1:04d}") if k > 0 else None
     print(f"{len(examples)} examples on {rows['query_id'].n_unique()} queries; {tcfg.objective}, lr "
           f"{tcfg.learning_rate}, {tcfg.epochs} epochs, seed {tcfg.seed}", flush=True)
-    if args.check:
-        own = store.adapter_dir(key)
-        same = finished_run(examples, tcfg, own, cfg.generator.model, parent) is not None
+    if args.check:  # with selection on, a trained adapter the gate refused is in <k>.trained
+        folders = (store.adapter_dir(key), trained_dir(store, key))
+        same = any(finished_run(examples, tcfg, f, cfg.generator.model, parent) is not None for f in folders)
         print(f"the run's lora_checkpoint[{key}] is {'exactly' if same else 'NOT'} this training run")
         return 0 if same else 1
     res = fit_adapter(examples, tcfg, args.out, base_model=cfg.generator.model, previous_adapter=parent,

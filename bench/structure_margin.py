@@ -102,9 +102,10 @@ def prompt_problems(cfg, assets_dir: Path, split: str) -> list:
 
 def _named_adapter(text: str) -> tuple[str, str]:
     name, sep, path = text.partition("=")
-    if not sep or not name or not Path(path).is_dir():
+    folder = Path(path).expanduser()  # `~` after `=` is not expanded by every shell
+    if not sep or not name or not folder.is_dir():
         raise SystemExit(f"--adapter {text!r}: give NAME=PATH with PATH an adapter folder")
-    return name, path
+    return name, str(folder)
 
 
 def main(argv=None) -> int:

@@ -148,24 +148,25 @@ def candidate_rows_sha256(sampled: pl.DataFrame, scores: pl.DataFrame) -> str:
 
 
 def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, scores: pl.DataFrame,
-                    sharpened: pl.DataFrame, iteration: int) -> tuple[list, pl.DataFrame]:
-    """A method's training examples and the rows they used: the loop's sharpened groups when the method keeps
-    the loop's curation, else curated again from the same scored rows with the method's curation."""
+                    sharpened: pl.DataFrame, iteration: int) -> tuple[list, pl.DataFrame, str | None]:
+    """A method's training examples, the rows they used, and why there are none when its rows covered fewer than
+    training.min_queries queries: the loop's sharpened groups when the method keeps the loop's curation, else
+    curated again from the same scored rows with the method's curation."""
     if mcfg.curation != cfg.curation:
         cc = mcfg.curation_config()
         sharpened = curation.sharpen(curation.screen(tables.curation_input(sampled, scores), cc).groups, cc).members
     tcfg = mcfg.train_config()
     examples, rows = training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(),
                                                    iteration)
-    examples, rows, _ = training_inputs.require_queries(examples, rows, mcfg.training.min_queries)  # as the loop
-    return examples, rows
+    examples, rows, narrow = training_inputs.require_queries(examples, rows, mcfg.training.min_queries)  # as the loop
+    return examples, rows, narrow
 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
            checkpoint: dict[str, Any]) -> MethodRun:
     mcfg = method_config(cfg, name)
     tcfg = mcfg.train_config()
-    examples, _ = method_examples(mcfg, cfg, *frames, key_to_int(key))
+    examples, _, narrow = method_examples(mcfg, cfg, *frames, key_to_int(key))
     common = dict(method=name, objective=tcfg.objective, n_examples=len(examples),
                   examples_sha256=data_hash(examples), seed=tcfg.seed)
     path = store.adapter_dir(key)  # this assets directory's (the row's path may name where it was written)
@@ -181,9 +182,9 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
                           previous_adapter=parent.path if parent else None, processes=cfg.training.processes)
         secs = res.stats.get("summary", {}).get("train_seconds")
     else:
-        context.log.warning(f"{name}: no training examples; the parent policy stands in for it")
-        carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
-                      reason=f"{name}: no training examples")
+        why = narrow or "no training examples"
+        context.log.warning(f"{name}: {why}; the parent policy stands in for it")
+        carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model, reason=f"{name}: {why}")
         secs = None
     if not (out / ADAPTER_WEIGHTS).is_file():  # pragma: no cover - train_lora and carry_forward both write it
         raise dg.Failure(f"{name}: no adapter was written to {out}")
