@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     from spogw_dagster.core.training.launch import fit_adapter
     from spogw_dagster.pipeline.data import training_inputs
     from spogw_dagster.pipeline.data.checkpoints import trained_dir
+    from spogw_dagster.pipeline.data.iteration_keys import iteration_key, previous_key
     from spogw_dagster.pipeline.data.storage import AssetStore
     from spogw_dagster.pipeline.domain.headline import seed_overrides
     from spogw_dagster.pipeline.settings import deep_merge, load_config
@@ -75,15 +76,15 @@ def main(argv=None) -> int:
     is_file = Path(args.config).is_file()
     cfg = load_config(None if is_file else args.config, args.config if is_file else None, over)
     store = AssetStore(args.assets_dir / f"seed-{args.seed}" if args.seed is not None else args.assets_dir)
-    key, k = f"{args.iteration:04d}", args.iteration
+    key, k = iteration_key(args.iteration), args.iteration
     sharpened, sampled, scores = (store.read_parquet(n, key) for n in
                                   ("sharpened_groups", "sampled_workflows", "execution_scores"))
     tcfg = cfg.train_config()
-    examples, rows = training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), k)
-    examples, rows, narrow = training_inputs.require_queries(examples, rows, cfg.training.min_queries)
+    examples, rows, narrow = training_inputs.iteration_training_data(tcfg, cfg.training.min_queries, sharpened,
+                                                                     sampled, scores, k)
     if narrow or not examples:
         raise SystemExit(f"iteration {key} has nothing to train: {narrow or tcfg.spec.no_data}")
-    parent = store.adapter_dir(f"{k - 1:04d}") if k > 0 else None
+    parent = store.adapter_dir(previous_key(key)) if k > 0 else None
     print(f"{len(examples)} examples on {rows['query_id'].n_unique()} queries; {tcfg.objective}, lr "
           f"{tcfg.learning_rate}, {tcfg.epochs} epochs, seed {tcfg.seed}", flush=True)
     if args.check:  # with selection on, a trained adapter the gate refused is in <k>.trained

@@ -87,17 +87,13 @@ def summarize(name: str, lp: dict[str, list[float]], ft: dict[str, list[float]])
             "first_token_mean_p": {w: sum(v) / n for w, v in ft.items()}}
 
 
-def prompt_problems(cfg, assets_dir: Path, split: str) -> list:
-    """The report's held-out test queries, or the validation split's queries (those the validation gate scores)."""
-    from spogw_dagster.benchmarks.queries import split_problems
-    from spogw_dagster.pipeline.defs.resources import PipelineResource
+def prompt_problems(cfg, split: str) -> list:
+    """The queries a report on `split` scores: the held-out test queries, or the validation split's (those the
+    validation gate scores)."""
+    from spogw_dagster.pipeline.domain.heldout import heldout_problems
 
-    if split == "test":
-        return PipelineResource.from_config(cfg, assets_dir).heldout_queries()
-    b = cfg.benchmark
-    problems, _ = split_problems(b.name, "validation", limit=b.validation_queries, seed=b.split_seed,
-                                 path=b.data_path, reserve=cfg.reserved_validation("validation"))
-    return problems
+    report = cfg.report.model_copy(update={"split": split})
+    return heldout_problems(cfg.model_copy(update={"report": report}))[0]
 
 
 def _named_adapter(text: str) -> tuple[str, str]:
@@ -117,7 +113,7 @@ def main(argv=None) -> int:
     from spogw_dagster.workflow.template import generator_prompt
 
     cfg = load_config(config_file=args.config) if Path(args.config).is_file() else load_config(args.config)
-    problems = prompt_problems(cfg, args.assets_dir, args.split)[: args.limit]
+    problems = prompt_problems(cfg, args.split)[: args.limit]
     prompts = [generator_prompt(p.family, p.question, cfg.generator.prompt) for p in problems]
     ckpts = pl.read_parquet(sorted((args.assets_dir / "lora_checkpoint").glob("*.parquet")))
     policies = [("base", None)] + [(f"checkpoint {r['iteration']:04d}", r["adapter_path"])

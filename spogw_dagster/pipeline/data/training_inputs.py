@@ -67,11 +67,19 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
     return sharpened_training_data(sharpened, sampled, objective, iteration)
 
 
+def iteration_training_data(tcfg, min_queries: int, sharpened: pl.DataFrame, sampled: pl.DataFrame,
+                            scores: pl.DataFrame, iteration: int) -> tuple[list, pl.DataFrame, str | None]:
+    """What iteration `iteration` trains on under `tcfg` (a `TrainConfig`): its objective's `training_data`, kept
+    only if it covers `min_queries` queries (`require_queries`). Returns (examples, rows, why there are none)."""
+    examples, rows = training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
+    return require_queries(examples, rows, min_queries)
+
+
 def require_queries(examples: list, rows: pl.DataFrame, min_queries: int) -> tuple[list, pl.DataFrame, str | None]:
     """The training data unchanged, or none (with the reason) when its rows cover fewer than `min_queries`
     distinct queries: a few groups of one query are too narrow a signal to move the whole policy on
     (`training.min_queries`). No rows at all is the objective's own no-data case and passes through."""
-    k = rows["query_id"].n_unique() if rows.height else 0
+    k = rows["query_id"].n_unique()
     if 0 < k < min_queries:
         what = "query" if k == 1 else "queries"
         return [], rows.clear(), (f"training data on {k} {what} only, fewer than training.min_queries = "

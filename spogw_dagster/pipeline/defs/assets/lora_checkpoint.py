@@ -54,9 +54,8 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     with failures.as_failure():
         check_sampled_from_parent(key, parent, sampled_workflows)
     tcfg = cfg.train_config()
-    examples, used = training_inputs.training_data(tcfg.objective, sharpened_groups, sampled_workflows, execution_scores,
-                                          tcfg.objective_config(), key_to_int(key))
-    examples, used, narrow = training_inputs.require_queries(examples, used, cfg.training.min_queries)
+    examples, used, narrow = training_inputs.iteration_training_data(
+        tcfg, cfg.training.min_queries, sharpened_groups, sampled_workflows, execution_scores, key_to_int(key))
     out = store.adapter_dir(key)
     gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
     target, other = (trained_dir(store, key), out) if gated else (out, trained_dir(store, key))

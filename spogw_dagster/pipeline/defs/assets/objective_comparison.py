@@ -155,11 +155,8 @@ def method_examples(mcfg: SpogwConfig, cfg: SpogwConfig, sampled: pl.DataFrame, 
     if mcfg.curation != cfg.curation:
         cc = mcfg.curation_config()
         sharpened = curation.sharpen(curation.screen(tables.curation_input(sampled, scores), cc).groups, cc).members
-    tcfg = mcfg.train_config()
-    examples, rows = training_inputs.training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(),
-                                                   iteration)
-    examples, rows, narrow = training_inputs.require_queries(examples, rows, mcfg.training.min_queries)  # as the loop
-    return examples, rows, narrow
+    return training_inputs.iteration_training_data(mcfg.train_config(), mcfg.training.min_queries, sharpened,
+                                                   sampled, scores, iteration)  # as the loop
 
 
 def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key: str, parent,
