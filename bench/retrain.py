@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     if narrow or not examples:
         raise SystemExit(f"iteration {key} has nothing to train: {narrow or tcfg.spec.no_data}")
     parent = store.adapter_dir(previous_key(key)) if k > 0 else None
-    print(f"{len(examples)} examples on {rows['query_id'].n_unique()} queries; {tcfg.objective}, lr "
+    off = sum(e.off_policy for e in examples)
+    print(f"{len(examples)} examples ({off} off-policy) on {rows['query_id'].n_unique()} queries; {tcfg.objective}, lr "
           f"{tcfg.learning_rate}, {tcfg.epochs} epochs, seed {tcfg.seed}", flush=True)
     if args.check:  # with selection on, a trained adapter the gate refused is in <k>.trained
         folders = (store.adapter_dir(key), trained_dir(store, key))

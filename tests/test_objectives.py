@@ -387,3 +387,75 @@ def test_float32_inputs_work():
     out = spogw(logp, None, torch.tensor(REF), torch.tensor(MASK), torch.tensor(ADV))
     assert out.loss.dtype == torch.float32
     assert out.loss.item() == pytest.approx(SPOGW_LOSS, abs=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# LUFFY's policy shaping of off-policy rows (ObjectiveConfig.off_policy_shaping)
+# --------------------------------------------------------------------------------------------------------------
+# Row 0 is off-policy (an anchor), Â = +1, π_θ = (0.1, 0.5), π_old = (0.01, 0.5): on-policy its first token's
+# ratio 10 would be clipped at 1.2. Row 1 is a sample, Â = −1, one token at ρ = 1. β = 0, γ = 0.1.
+SHAPE_LOGP = [[math.log(0.1), math.log(0.5)], [math.log(0.5), 0.0]]
+SHAPE_OLD = [[math.log(0.01), math.log(0.5)], [math.log(0.5), 0.0]]
+SHAPE_MASK = [[1, 1], [1, 0]]
+
+
+def _shape_batch(off):
+    return LossBatch(logp=leaf(SHAPE_LOGP), old_logp=torch.tensor(SHAPE_OLD, dtype=DT),
+                     mask=torch.tensor(SHAPE_MASK), advantages=torch.tensor([1.0, -1.0], dtype=DT),
+                     off_policy=None if off is None else torch.tensor(off))
+
+
+def test_off_policy_shaping_by_hand():
+    # row 0 shaped: π/(π+γ) = 0.1/0.2 = 0.5 and 0.5/0.6 = 0.8333333333 -> L_0 = −(0.5 + 0.8333333333)/2 = −0.6666666667
+    # row 1 clipped as a sample: ρ = 1, Â = −1 -> L_1 = +1.  loss = (−0.6666666667 + 1)/2 = 0.1666666667
+    # d/dlogp of Â π/(π+γ) = Â γπ/(π+γ)²: 0.1·0.1/0.04 = 0.25 and 0.1·0.5/0.36 = 0.1388888889, each /|o_0| = 2 /B = 2
+    b = _shape_batch([True, False])
+    out = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", off_policy_shaping=0.1))
+    assert out.loss.item() == pytest.approx(0.16666666666666666, abs=1e-12)
+    g = grad_of(out.loss, b.logp)
+    assert g.tolist()[0] == pytest.approx([-0.0625, -0.034722222222222224], abs=1e-12)
+    assert g.tolist()[1] == pytest.approx([0.5, 0.0], abs=1e-12)  # −Â ρ / |o_1| / B
+    assert out.clip_frac == 0.0  # the shaped row is never clipped
+
+
+def test_without_shaping_an_off_policy_row_is_clipped_like_a_sample():
+    # γ unset (or no row marked): row 0 is min(ρÂ, clip(ρ)Â) = (1.2, 1) -> L_0 = −1.1; loss = (−1.1 + 1)/2 = −0.05;
+    # its first token is clipped (no gradient): 1 of 3 workflow tokens
+    for off, gamma in (([True, False], None), (None, 0.1), ([False, False], 0.1)):
+        b = _shape_batch(off)
+        out = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", off_policy_shaping=gamma))
+        assert out.loss.item() == pytest.approx(-0.05, abs=1e-12)
+        assert grad_of(out.loss, b.logp).tolist()[0] == pytest.approx([0.0, -0.25], abs=1e-12)
+        assert out.clip_frac == pytest.approx(1 / 3, abs=1e-6)  # a float32 count ratio
+
+
+def test_shaped_rows_aggregate_like_their_group_rows():
+    # an anchor in two groups (Â = +1 and −0.5) stands for (A⁺ 1, A⁻ −0.5, count 2): the same loss and gradient as
+    # the two per-group rows, shaped with their summed advantage
+    cfg = ObjectiveConfig(objective="spogw", off_policy_shaping=0.1)
+    ref = torch.tensor([[math.log(0.2), math.log(0.4)], [math.log(0.5), 0.0]], dtype=DT)
+    rows = LossBatch(logp=leaf([SHAPE_LOGP[0], SHAPE_LOGP[0], SHAPE_LOGP[1]]),
+                     old_logp=torch.tensor([SHAPE_OLD[0], SHAPE_OLD[0], SHAPE_OLD[1]], dtype=DT),
+                     ref_logp=ref[[0, 0, 1]], mask=torch.tensor([SHAPE_MASK[0], SHAPE_MASK[0], SHAPE_MASK[1]]),
+                     advantages=torch.tensor([1.0, -0.5, 0.3], dtype=DT), off_policy=torch.tensor([True, True, False]))
+    uniq = LossBatch(logp=leaf(SHAPE_LOGP), old_logp=torch.tensor(SHAPE_OLD, dtype=DT), ref_logp=ref,
+                     mask=torch.tensor(SHAPE_MASK), adv_pos=torch.tensor([1.0, 0.3], dtype=DT),
+                     adv_neg=torch.tensor([-0.5, 0.0], dtype=DT), n_pos=torch.tensor([1.0, 1.0], dtype=DT),
+                     n_neg=torch.tensor([1.0, 0.0], dtype=DT), count=torch.tensor([2.0, 1.0], dtype=DT),
+                     off_policy=torch.tensor([True, False]))
+    a, u = compute_loss("spogw", rows, cfg), compute_loss("spogw", uniq, cfg)
+    assert u.loss.item() == pytest.approx(a.loss.item(), abs=1e-12)
+    ga, gu = grad_of(a.loss, rows.logp), grad_of(u.loss, uniq.logp)
+    assert gu[0].tolist() == pytest.approx((ga[0] + ga[1]).tolist(), abs=1e-12)
+    assert gu[1].tolist() == pytest.approx(ga[2].tolist(), abs=1e-12)
+    assert u.clip_frac == pytest.approx(a.clip_frac, abs=1e-12)
+
+
+def test_off_policy_shaping_config_errors():
+    with pytest.raises(ConfigError, match="must be > 0"):
+        ObjectiveConfig(off_policy_shaping=0.0)
+    with pytest.raises(ValueError, match=r"off_policy has shape \(3,\)"):
+        compute_loss("spogw", LossBatch(logp=leaf(SHAPE_LOGP), mask=torch.tensor(SHAPE_MASK),
+                                        advantages=torch.tensor([1.0, -1.0], dtype=DT),
+                                        off_policy=torch.tensor([True, False, True])),
+                     ObjectiveConfig(beta=0.0, off_policy_shaping=0.1))

@@ -60,6 +60,8 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"iterations": 0}, "iterations"),
     ({"training": {"min_queries": 3}}, "training.min_queries=3 is more than benchmark.train_queries=2"),
     ({"training": {"min_queries": 0}}, "training.min_queries"),
+    ({"training": {"off_policy_shaping": 0.1}}, "generator.anchors is off"),
+    ({"training": {"off_policy_shaping": -1.0}}, "must be > 0"),
     ({"nonsense": 1}, "nonsense"),
 ])
 def test_validation_errors_name_the_field_and_fix(overrides, message):
@@ -201,6 +203,20 @@ def test_min_queries_is_hashed_for_training_only_when_set():
     assert section_hash(two, "lora_checkpoint") != section_hash(ci, "lora_checkpoint")
     assert section_hash(two, "sampled_workflows") == section_hash(ci, "sampled_workflows")
     assert "min_queries" not in two.train_config().to_dict() and two.training.min_queries == 2
+
+
+def test_off_policy_shaping_is_hashed_only_when_set_and_refused_off_the_group_objectives():
+    """Unset, the answers config and its trainer run hash are what they were before the option; set, the training
+    section and the trainer's config change (not the samples). Only the GRPO family's group rows are shaped."""
+    a = load_config("answers")
+    none = load_config("answers", overrides={"training": {"off_policy_shaping": None}})
+    shaped = load_config("answers", overrides={"training": {"off_policy_shaping": 0.1}})
+    assert config_hash(none) == config_hash(a) and "off_policy_shaping" not in a.train_config().to_dict()
+    assert section_hash(shaped, "lora_checkpoint") != section_hash(a, "lora_checkpoint")
+    assert section_hash(shaped, "sampled_workflows") == section_hash(a, "sampled_workflows")
+    assert shaped.train_config().to_dict()["off_policy_shaping"] == 0.1
+    with pytest.raises(ConfigValidationError, match="GRPO family"):
+        load_config("answers", overrides={"training": {"off_policy_shaping": 0.1, "objective": "rwr"}})
 
 
 def test_every_other_profile_points_to_the_headline_run():

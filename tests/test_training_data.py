@@ -377,3 +377,26 @@ def test_require_queries_drops_data_on_too_few_queries_and_says_why():
         "training data on 1 query only, fewer than training.min_queries = 2"
     # no rows at all is the objective's own no-data case: passed through without a reason of this check
     assert training_inputs.require_queries([], rows.clear(), 5)[2] is None
+
+
+def test_anchor_examples_are_marked_off_policy_only_with_shaping():
+    # (a, 2) is an anchor (finish_reason "anchor"); shaping set marks its example off-policy and changes the data
+    # hash; unset, the examples (and their hash) are what they were before the option
+    from spogw_dagster.core.training.identity import data_hash
+    from spogw_dagster.pipeline.data.tables import ANCHOR_FINISH
+
+    sampled, scores = _pipeline_frames()
+    sampled = sampled.with_columns(pl.when((pl.col("query_id") == "a") & (pl.col("sample_idx") == 2))
+                                   .then(pl.lit(ANCHOR_FINISH)).otherwise(pl.lit("stop")).alias("finish_reason"))
+    sharpened = pl.DataFrame({"iteration": [0, 0], "query_id": ["a", "a"], "group_id": ["g0", "g0"],
+                              "sample_idx": [0, 2], "score": [1.0, 0.0], "role": ["top", "bottom"],
+                              "rank": [0, 1], "group_mean": [0.5, 0.5], "group_std": [0.5, 0.5],
+                              "advantage": [1.0, -1.0]})
+    plain, _ = training_inputs.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
+    shaped, _ = training_inputs.training_data("spogw", sharpened, sampled, scores,
+                                              ObjectiveConfig(off_policy_shaping=0.1), 0)
+    assert [e.off_policy for e in plain] == [False, False]
+    assert [e.off_policy for e in shaped] == [False, True]
+    assert "off_policy" not in plain[1].canonical() and shaped[1].canonical()["off_policy"] is True
+    assert data_hash(plain) == data_hash(training_inputs.training_examples(sharpened, sampled))
+    assert data_hash(shaped) != data_hash(plain)

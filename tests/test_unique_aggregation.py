@@ -305,3 +305,15 @@ def test_train_lora_first_step_equal(tiny_folder, tiny, tmp_path, objective):
     for a, b in zip(e_rows, e_agg):
         assert b["mean_logp_before"] == pytest.approx(a["mean_logp_before"], abs=1e-6)
         assert b["mean_logp_after"] == pytest.approx(a["mean_logp_after"], abs=1e-4)
+
+
+def test_aggregate_keeps_an_off_policy_row_apart_from_an_identical_sample():
+    from dataclasses import replace
+
+    from spogw_dagster.core.training.batching import Item, aggregate
+
+    a = Item(0, [1], [2, 3], 1.0, None, "g0", old=[-1.0, -1.0])
+    b = Item(1, [1], [2, 3], 0.5, None, "g1", old=[-1.0, -1.0])
+    out = aggregate([a, b, replace(b, idx=2, off_policy=True)])
+    assert [x.members for x in out] == [[0, 1], [2]] and [x.off_policy for x in out] == [False, True]
+    assert out[0].adv_pos == 1.5 and out[1].adv_pos == 0.5

@@ -196,6 +196,13 @@ class ObjectiveConfig(_FromDict):
                  beating the best answer so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below
                  accuracy 0.3) or "score" (the row's absolute ladder score).
     seed         seed of score_dpo's pair sampling (combined with the iteration in the pipeline).
+    off_policy_shaping
+                 γ of LUFFY's policy shaping for off-policy rows (the GRPO family; in the pipeline, the anchors of
+                 `generator.anchors`): such a row's token term is Â·π_θ/(π_θ + γ) instead of the clipped ratio
+                 to π_old, with no clip (LUFFY: γ = 0.1). Why: the anchors were not sampled from π_old, so the
+                 clip's trust region around π_old stops an anchor's rare tokens at 1 + ε_c times their
+                 probability, which is where the structure is decided; the shaped term keeps a gradient that is
+                 largest where π_θ ≈ γ and fades as π_θ → 1. None (default): off-policy rows train like samples.
 
     Log-probs: score_dpo and rwr compute π_θ and π_ref at T = 1, as ScoreFlow (TRL's DPO trainer) and W4S
     (plain HF cross-entropy) do; the GRPO family at the sampling temperature, so that π_θ/π_old is the ratio
@@ -212,6 +219,7 @@ class ObjectiveConfig(_FromDict):
     rwr_normalize_weights: bool = False
     rwr_reward: str = "w4s"
     seed: int = 0
+    off_policy_shaping: float | None = None
 
     def __post_init__(self) -> None:
         c = type(self).__name__
@@ -250,6 +258,11 @@ class ObjectiveConfig(_FromDict):
         if self.rwr_reward not in RWR_REWARDS:
             raise ConfigError(f"{c}.rwr_reward={self.rwr_reward!r}: choose one of {list(RWR_REWARDS)} (\"w4s\": W4S's "
                               "history-relative reward; \"score\": the absolute ladder score).")
+        if self.off_policy_shaping is not None:
+            _require_real(c, "off_policy_shaping", self.off_policy_shaping)
+            if not self.off_policy_shaping > 0.0:
+                raise ConfigError(f"{c}.off_policy_shaping={self.off_policy_shaping}: γ of π/(π + γ) must be > 0 "
+                                  "(LUFFY uses 0.1), or None to train off-policy rows like samples.")
         if not isinstance(self.rwr_normalize_weights, bool):
             raise ConfigError(f"{c}.rwr_normalize_weights must be True or False, got {self.rwr_normalize_weights!r}.")
 

@@ -310,6 +310,8 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
             d.pop("rwr_reward", None)
         if isinstance(d, dict) and d.get("min_queries") == 1:  # the default: older configs keep their hash
             d.pop("min_queries")
+        if isinstance(d, dict) and "off_policy_shaping" in d and d["off_policy_shaping"] is None:  # likewise
+            d.pop("off_policy_shaping")
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
@@ -494,6 +496,15 @@ class SpogwConfig(BaseModel):
             raise ValueError(f"generator.anchors adds the workflows the prompt shows, and prompt "
                              f"{self.generator.prompt!r} shows none that every query shares; set generator.prompt "
                              "to 'anchored' or 'examples', or anchors to false")
+        if self.training.off_policy_shaping is not None:
+            if not self.generator.anchors:
+                raise ValueError(f"training.off_policy_shaping={self.training.off_policy_shaping} shapes the anchors' "
+                                 "rows, and generator.anchors is off (every row is a sample); set generator.anchors: "
+                                 "true, or remove off_policy_shaping")
+            if registry.get(self.training.objective).data != "groups":
+                raise ValueError(f"training.off_policy_shaping applies to the GRPO family's group rows; objective "
+                                 f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
+                                 "grpo or grpo_nokl")
         if self.generator.anchors and self.refinement.enabled:
             raise ValueError("generator.anchors with W4S refinement (refinement.turns > 1): a turn's candidates are "
                              "sampled from the state's prompt, which shows no anchors; set one of them off")

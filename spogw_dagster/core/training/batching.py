@@ -27,6 +27,7 @@ class Item:
     ref: list[float] | None = None
     final: list[float] | None = None
     role: str | None = None
+    off_policy: bool = False
     # a unique-workflow row (`aggregate`): the indices of the items it stands for and its weights
     members: list[int] | None = None
     adv_pos: float = 0.0
@@ -40,12 +41,13 @@ def aggregate(items: list[Item]) -> list[Item]:
     """One row per distinct (prompt tokens, completion tokens, recorded π_old) in first-seen order, carrying
     (A⁺, A⁻, n⁺, n⁻, count) of the rows it stands for (`objectives.unique_advantage_weights`); its `advantage`
     is A⁺ + A⁻ (the sum, for display). π_old from data is part of the key, so rows are merged only when their
-    loss terms are the same function of the policy."""
+    loss terms are the same function of the policy (and an off-policy row never merges with a sample)."""
 
 
     by_key: dict[tuple, list[Item]] = {}
     for it in items:
-        key = (tuple(it.prompt_ids), tuple(it.completion_ids), None if it.old is None else tuple(it.old))
+        key = (tuple(it.prompt_ids), tuple(it.completion_ids), None if it.old is None else tuple(it.old),
+               it.off_policy)
         by_key.setdefault(key, []).append(it)
     out = []
     for rows in by_key.values():
@@ -97,7 +99,7 @@ def tokenize(examples: Sequence[TrainExample], tok, cfg: TrainConfig) -> list[It
             old = old[: cfg.max_completion_tokens] if old is not None else None
         items.append(
             Item(i, p, c, float(e.advantage), None if e.score is None else float(e.score), e.group_id, old,
-                  role=e.role)
+                  role=e.role, off_policy=bool(e.off_policy))
         )
     if cfg.spec.data == "pairs":
         check_pairs(items)

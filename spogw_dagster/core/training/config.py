@@ -177,6 +177,8 @@ class TrainConfig(ObjectiveConfig):
         d["adam_betas"] = list(self.adam_betas)
         if self.spec.data != "candidates":  # only W4S's candidates read it: every other run keeps its run hash
             d.pop("rwr_reward", None)
+        if d.get("off_policy_shaping") is None:  # the default: runs from before it keep their run hash
+            d.pop("off_policy_shaping", None)
         return d
 
     def identity(self) -> dict[str, Any]:

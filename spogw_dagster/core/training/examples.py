@@ -21,6 +21,8 @@ class TrainExample:
     completion_token_ids: list[int] | None = None
     group_id: str | int | None = None
     role: str | None = None  # score_dpo: "chosen" | "rejected" (the pair is the rows sharing group_id)
+    # not sampled from π_old (an anchor): trained with `off_policy_shaping` where the config sets it
+    off_policy: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainExample":
@@ -32,8 +34,10 @@ class TrainExample:
             return None if x is None else [float(v) if isinstance(v, float) else v for v in list(x)]
 
         role = {} if self.role is None else {"role": self.role}  # absent when unset: older data hashes hold
+        off = {"off_policy": True} if self.off_policy else {}  # likewise
         return {
             **role,
+            **off,
             "prompt": self.prompt,
             "completion": self.completion,
             "advantage": float(self.advantage),

@@ -18,6 +18,9 @@ Objectives (`compute_loss(name, batch, cfg)` dispatches):
                  ρ = exp(logp − old),  D = exp(ref − logp) − (ref − logp) − 1  (k3),  M_i = 1[Â_i > 0],
                  L_i = −(1/|o_i|) Σ_t [ min(ρ Â_i, clip(ρ, 1−ε_c, 1+ε_c) Â_i) − β M_i D ],  loss = mean_i L_i.
              The mask is strict (Â = 0 gets no KL). |o_i| = number of masked tokens of row i.
+             Off-policy rows (`batch.off_policy`, the anchors) with `off_policy_shaping` γ set: the row's token
+             term is Â_i · π_θ/(π_θ + γ), with no clip and no π_old (LUFFY's policy shaping, π_θ = exp(logp));
+             the KL term is unchanged. clip_frac counts the clipped rows' tokens only.
 * grpo       the same with M_i = 1 for every i (uniform KL).
 * grpo_nokl  the same with β = 0 (no reference needed).
 * score_dpo  ScoreFlow's Score-DPO on pairs (w, l) of rows with s_w > s_l:
@@ -104,6 +107,7 @@ class LossBatch:
     n_pos: Tensor | None = None  # [B] number of its groups with Â > 0 (spogw's KL weight)
     n_neg: Tensor | None = None  # [B] number with Â < 0
     count: Tensor | None = None  # [B] number of per-group rows it stands for (>= 1; grpo's KL weight)
+    off_policy: Tensor | None = None  # [B] bool: rows not sampled from π_old (anchors); None: none are
 
     @property
     def aggregated(self) -> bool:
@@ -201,6 +205,21 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _shape_off_policy(surrogate: Tensor, lp: Tensor, weight: Tensor, off: Tensor | None,
+                      gamma: float | None) -> tuple[Tensor, Tensor]:
+    """The surrogate with off-policy rows' terms replaced by weight · π/(π + γ) (LUFFY's policy shaping; `weight`
+    [B, 1] is the row's Â), and the [B, 1] bool mask of the rows whose clipped term stays. Unchanged without γ
+    or off-policy rows."""
+    keep = torch.ones((lp.shape[0], 1), dtype=torch.bool, device=lp.device)
+    if gamma is None or off is None:
+        return surrogate, keep
+    if not gamma > 0:
+        raise ValueError(f"off_policy_shaping={gamma} must be > 0")
+    off = off.to(device=lp.device, dtype=torch.bool).unsqueeze(-1)
+    p = torch.exp(lp)
+    return torch.where(off, weight * p / (p + gamma), surrogate), ~off
+
+
 def _check_kl_args(beta: float, clip_eps: float, ref_logp) -> None:
     if beta < 0:
         raise ValueError(f"beta={beta} must be >= 0")
@@ -223,6 +242,8 @@ def _clipped_policy_loss(
     beta: float,
     clip_eps: float,
     kl_mask: str,  # "positive" (mKL) | "all"
+    off_policy: Tensor | None = None,
+    shaping: float | None = None,
 ) -> LossOutput:
     if advantages is None:
         raise ValueError("this objective needs batch.advantages ([B] tensor of Â_i from curation)")
@@ -231,6 +252,7 @@ def _clipped_policy_loss(
     _check_2d("old_logp", old_logp, logp.shape)
     _check_2d("ref_logp", ref_logp, logp.shape)
     _check_1d("advantages", advantages, B)
+    _check_1d("off_policy", off_policy, B)
     _check_kl_args(beta, clip_eps, ref_logp)
     dt = _work_dtype(logp)
     lp = _masked(logp, m, dt)
@@ -241,6 +263,7 @@ def _clipped_policy_loss(
     ratio = torch.exp(lp - old)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     surrogate = torch.minimum(ratio * A, clipped * A)
+    surrogate, on = _shape_off_policy(surrogate, lp, A, off_policy, shaping)
     policy_rows = -(surrogate * m).sum(-1) / length  # masked positions are exactly 0 already; * m for clarity
     policy_loss = policy_rows.mean()
 
@@ -265,7 +288,7 @@ def _clipped_policy_loss(
     with torch.no_grad():
         r = ratio.detach()
         cut = ((r > 1.0 + clip_eps) & (A > 0)) | ((r < 1.0 - clip_eps) & (A < 0))
-        clip_frac = float((cut & m).sum() / m.sum())
+        clip_frac = float((cut & m & on).sum() / m.sum())
         ratio_mean = float((r * m).sum() / m.sum())
 
     return LossOutput(
@@ -302,6 +325,7 @@ def _aggregated_policy_loss(
     beta: float,
     clip_eps: float,
     kl_mask: str,  # "positive" (mKL: weight n⁺) | "all" (weight count)
+    shaping: float | None = None,
 ) -> LossOutput:
     """The GRPO family on unique-workflow rows (module doc): equal to `_clipped_policy_loss` on the per-group
     rows each unique row stands for — loss, gradients and metrics."""
@@ -313,6 +337,7 @@ def _aggregated_policy_loss(
         if getattr(b, name) is None:
             raise ValueError(f"unique-workflow rows need all of adv_pos, adv_neg, n_pos, n_neg, count; {name} is missing")
         _check_1d(name, getattr(b, name), B)
+    _check_1d("off_policy", b.off_policy, B)
     _check_kl_args(beta, clip_eps, ref_logp)
     dt = _work_dtype(logp)
     a_pos, a_neg = b.adv_pos.detach().to(dt), b.adv_neg.detach().to(dt)
@@ -329,6 +354,7 @@ def _aggregated_policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     # Â > 0: min(ρÂ, clip(ρ)Â) = Â min(ρ, clip ρ);  Â < 0: = Â max(ρ, clip ρ); summed over the row's groups
     surrogate = a_pos.unsqueeze(-1) * torch.minimum(ratio, clipped) + a_neg.unsqueeze(-1) * torch.maximum(ratio, clipped)
+    surrogate, on = _shape_off_policy(surrogate, lp, (a_pos + a_neg).unsqueeze(-1), b.off_policy, shaping)
     policy_rows = -(surrogate * m).sum(-1) / length
     policy_loss = policy_rows.sum() / total
 
@@ -353,8 +379,8 @@ def _aggregated_policy_loss(
     with torch.no_grad():
         r = ratio.detach()
         mf = m.to(dt)
-        above = ((r > 1.0 + clip_eps) & m).to(dt).sum(-1)
-        below = ((r < 1.0 - clip_eps) & m).to(dt).sum(-1)
+        above = ((r > 1.0 + clip_eps) & m & on).to(dt).sum(-1)
+        below = ((r < 1.0 - clip_eps) & m & on).to(dt).sum(-1)
         tokens = (count * length).sum()
         clip_frac = float((n_pos * above + n_neg * below).sum() / tokens)
         ratio_mean = float((count * (r * mf).sum(-1)).sum() / tokens)
@@ -382,10 +408,13 @@ def spogw(
     *,
     beta: float = 0.1,
     clip_eps: float = 0.2,
+    off_policy: Tensor | None = None,
+    shaping: float | None = None,
 ) -> LossOutput:
     """ioGRPO + advantage-masked KL: the KL penalty applies only to rows with Â_i > 0."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="positive"
+        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="positive",
+        off_policy=off_policy, shaping=shaping,
     )
 
 
@@ -398,10 +427,13 @@ def grpo(
     *,
     beta: float = 0.1,
     clip_eps: float = 0.2,
+    off_policy: Tensor | None = None,
+    shaping: float | None = None,
 ) -> LossOutput:
     """ioGRPO with the KL penalty on every row (M_i = 1)."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="all"
+        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="all",
+        off_policy=off_policy, shaping=shaping,
     )
 
 
@@ -413,10 +445,13 @@ def grpo_nokl(
     *,
     clip_eps: float = 0.2,
     ref_logp: Tensor | None = None,
+    off_policy: Tensor | None = None,
+    shaping: float | None = None,
 ) -> LossOutput:
     """ioGRPO without a KL term (β = 0). A given ref_logp only feeds the `kl` metric."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=0.0, clip_eps=clip_eps, kl_mask="all"
+        logp, old_logp, ref_logp, mask, advantages, beta=0.0, clip_eps=clip_eps, kl_mask="all",
+        off_policy=off_policy, shaping=shaping,
     )
 
 
@@ -571,25 +606,26 @@ def rwr(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _run_spogw(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
+def _run_group_family(b: LossBatch, c: ObjectiveConfig, *, beta: float, kl_mask: str) -> LossOutput:
+    """spogw, grpo and grpo_nokl differ only in β and the KL mask (module doc)."""
     if b.aggregated:
-        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=c.beta,
-                                       clip_eps=c.clip_eps, kl_mask="positive")
-    return spogw(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=c.beta, clip_eps=c.clip_eps)
+        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=beta, clip_eps=c.clip_eps,
+                                       kl_mask=kl_mask, shaping=c.off_policy_shaping)
+    return _clipped_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=beta,
+                                clip_eps=c.clip_eps, kl_mask=kl_mask, off_policy=b.off_policy,
+                                shaping=c.off_policy_shaping)
+
+
+def _run_spogw(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
+    return _run_group_family(b, c, beta=c.beta, kl_mask="positive")
 
 
 def _run_grpo(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
-    if b.aggregated:
-        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=c.beta,
-                                       clip_eps=c.clip_eps, kl_mask="all")
-    return grpo(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=c.beta, clip_eps=c.clip_eps)
+    return _run_group_family(b, c, beta=c.beta, kl_mask="all")
 
 
 def _run_grpo_nokl(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
-    if b.aggregated:
-        return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=0.0,
-                                       clip_eps=c.clip_eps, kl_mask="all")
-    return grpo_nokl(b.logp, b.old_logp, b.mask, b.advantages, clip_eps=c.clip_eps, ref_logp=b.ref_logp)
+    return _run_group_family(b, c, beta=0.0, kl_mask="all")
 
 
 def _run_score_dpo(b: LossBatch, c: ObjectiveConfig) -> LossOutput:

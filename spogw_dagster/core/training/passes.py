@@ -81,6 +81,8 @@ def micro_batch_objective(mb: Sequence[Item], cfg: TrainConfig, logp, mask, devi
         scores=col([x.score if x.score is not None else 0.0 for x in mb]),
         group_ids=group_ids(mb),
         pairs=explicit_pairs(mb) if cfg.spec.data == "pairs" else None,
+        off_policy=(torch.tensor([x.off_policy for x in mb], dtype=torch.bool, device=device)
+                    if any(x.off_policy for x in mb) else None),
     )
     if any(x.members is not None for x in mb):  # unique-workflow rows (`aggregate`)
         lb.adv_pos, lb.adv_neg = col([x.adv_pos for x in mb]), col([x.adv_neg for x in mb])

@@ -21,6 +21,9 @@ from spogw_dagster.workflow.template import assemble_workflow
 # ------------------------------------------------------------------------------------------------
 # sampled_workflows
 
+# finish_reason of a row the sampler did not write: the prompt's own workflow, added by `generator.anchors`
+ANCHOR_FINISH = "anchor"
+
 SAMPLED_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
     "query_id": pl.String(),

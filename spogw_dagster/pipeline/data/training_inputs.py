@@ -13,16 +13,18 @@ from spogw_dagster.core.curation import sample_preference_pairs, score_dpo_candi
 from spogw_dagster.core.curation import scored_candidates as core_candidates
 from spogw_dagster.core.methods.w4s import Candidate, history_rewards
 from spogw_dagster.core.training import TrainExample, registry
-from spogw_dagster.pipeline.data.tables import TRAINING_ROWS_SCHEMA, curation_input, typed_frame
+from spogw_dagster.pipeline.data.tables import ANCHOR_FINISH, TRAINING_ROWS_SCHEMA, curation_input, typed_frame
 from spogw_dagster.seeds import offset_seed
 
 # ------------------------------------------------------------------------------------------------
 # lora_checkpoint: training examples from sharpened groups
 
 
-def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
+def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame, mark_off_policy: bool = False) -> list:
     """One `TrainExample` per sharpened member: the prompt, the sampled tokens and log-probs (π_old) and the
     group-normalised advantage. Ordered by (group_id, rank) so the dataset (and its hash) is deterministic.
+    With `mark_off_policy`, an anchor's examples (finish_reason "anchor") are marked off-policy (for
+    `training.off_policy_shaping`; unmarked, the data hash is the one from before the option).
 
     A member that occurs in several groups yields one example per group (the paper weights workflows that
     are extreme in many groups more). A member with no sampled row is an error."""
@@ -30,7 +32,7 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
     if sharpened.height == 0:
         return []
     key = ["iteration", "query_id", "sample_idx"]
-    cols = key + ["prompt", "completion", "completion_token_ids", "logprobs"]
+    cols = key + ["prompt", "completion", "completion_token_ids", "logprobs"] + (["finish_reason"] * mark_off_policy)
     j = sharpened.join(sampled.select(cols), on=key, how="left").sort(["group_id", "rank"])
     missing = j.filter(pl.col("prompt").is_null())
     if missing.height:
@@ -42,6 +44,7 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame) -> list:
             prompt=r["prompt"], completion=r["completion"], advantage=float(r["advantage"]),
             score=float(r["score"]), old_logprobs=list(r["logprobs"]),
             completion_token_ids=list(r["completion_token_ids"]), group_id=r["group_id"],
+            off_policy=mark_off_policy and r.get("finish_reason") == ANCHOR_FINISH,
         ))
     return out
 
@@ -64,7 +67,8 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
         return score_dpo_training_data(sampled, scores, ocfg, iteration, objective=objective)
     if data == "candidates":
         return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
-    return sharpened_training_data(sharpened, sampled, objective, iteration)
+    return sharpened_training_data(sharpened, sampled, objective, iteration,
+                                   mark_off_policy=getattr(ocfg, "off_policy_shaping", None) is not None)
 
 
 def iteration_training_data(tcfg, min_queries: int, sharpened: pl.DataFrame, sampled: pl.DataFrame,
@@ -88,9 +92,9 @@ def require_queries(examples: list, rows: pl.DataFrame, min_queries: int) -> tup
 
 
 def sharpened_training_data(sharpened: pl.DataFrame, sampled: pl.DataFrame, objective: str,
-                            iteration: int) -> tuple[list, pl.DataFrame]:
+                            iteration: int, mark_off_policy: bool = False) -> tuple[list, pl.DataFrame]:
     """The GRPO family's data: `training_examples` (one example per sharpened member and group) and its rows."""
-    examples = training_examples(sharpened, sampled)
+    examples = training_examples(sharpened, sampled, mark_off_policy)
     rows = sharpened.sort(["group_id", "rank"]) if sharpened.height else sharpened
     out = [{"iteration": iteration, "objective": objective, "example_idx": i, "query_id": r["query_id"],
             "sample_idx": r["sample_idx"], "role": r["role"], "group_id": r["group_id"],

@@ -24,11 +24,11 @@ import polars as pl
 from spogw_dagster.benchmarks.registry import get_spec
 from spogw_dagster.contracts import Problem
 from spogw_dagster.pipeline.data import tables
+from spogw_dagster.pipeline.data.tables import ANCHOR_FINISH
 from spogw_dagster.workflow.template import as_completion, generator_prompt, shown_workflows
 
 __all__ = ["ANCHOR_FINISH", "anchor_completions", "anchor_rows", "anchors_per_query"]
 
-ANCHOR_FINISH = "anchor"
 END = "\n#"  # after the body's last newline: the blank line and the next example's comment, where sampling stops
 
 
