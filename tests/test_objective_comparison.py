@@ -289,3 +289,19 @@ def test_methods_are_scored_on_validation_unless_told():
     assert scoring_config(same) is same  # the report's own split: its rows can be reused
     with pytest.raises(Exception, match="comparison.split"):
         load_config("ci", overrides={"comparison": {"split": "train"}})
+
+
+def test_spogw_compare_says_so_when_the_comparison_has_no_rows(monkeypatch):
+    """An empty comparison table (no method scored) is a clear error, not an IndexError on its first row."""
+    import argparse
+
+    import polars as pl
+
+    from spogw_dagster.pipeline.runs import commands, loop
+    from spogw_dagster.pipeline.settings import ConfigValidationError
+
+    monkeypatch.setattr(loop, "run_comparison", lambda *a, **k: pl.DataFrame())
+    args = argparse.Namespace(iteration=3, methods="spogw", profile="ci", config=None, assets_dir=None, split=None,
+                              json=False)
+    with pytest.raises(ConfigValidationError, match=r"objective_comparison\[0003\] has no rows"):
+        commands._objective_comparison(args)
