@@ -390,27 +390,31 @@ def test_float32_inputs_work():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# LUFFY's policy shaping of off-policy rows (ObjectiveConfig.off_policy_shaping)
+# Off-policy rows (anchors): ObjectiveConfig.off_policy_loss
 # --------------------------------------------------------------------------------------------------------------
-# Row 0 is off-policy (an anchor), Â = +1, π_θ = (0.1, 0.5), π_old = (0.01, 0.5): on-policy its first token's
-# ratio 10 would be clipped at 1.2. Row 1 is a sample, Â = −1, one token at ρ = 1. β = 0, γ = 0.1.
+# Row 0 is off-policy (an anchor), π_θ = (0.1, 0.5), π_old = (0.01, 0.5): on-policy its first token's ratio 10
+# would be clipped at 1.2 when Â > 0. Row 1 is a sample, Â = −1, one token at ρ = 1. β = 0, γ = 0.1.
 SHAPE_LOGP = [[math.log(0.1), math.log(0.5)], [math.log(0.5), 0.0]]
 SHAPE_OLD = [[math.log(0.01), math.log(0.5)], [math.log(0.5), 0.0]]
 SHAPE_MASK = [[1, 1], [1, 0]]
 
 
-def _shape_batch(off):
+def _shape_batch(off, a0=1.0):
     return LossBatch(logp=leaf(SHAPE_LOGP), old_logp=torch.tensor(SHAPE_OLD, dtype=DT),
-                     mask=torch.tensor(SHAPE_MASK), advantages=torch.tensor([1.0, -1.0], dtype=DT),
+                     mask=torch.tensor(SHAPE_MASK), advantages=torch.tensor([a0, -1.0], dtype=DT),
                      off_policy=None if off is None else torch.tensor(off))
 
 
-def test_off_policy_shaping_by_hand():
+def _nokl(loss, **kw):
+    return ObjectiveConfig(objective="grpo_nokl", off_policy_loss=loss, **kw)
+
+
+def test_shaped_off_policy_row_by_hand():
     # row 0 shaped: π/(π+γ) = 0.1/0.2 = 0.5 and 0.5/0.6 = 0.8333333333 -> L_0 = −(0.5 + 0.8333333333)/2 = −0.6666666667
     # row 1 clipped as a sample: ρ = 1, Â = −1 -> L_1 = +1.  loss = (−0.6666666667 + 1)/2 = 0.1666666667
     # d/dlogp of Â π/(π+γ) = Â γπ/(π+γ)²: 0.1·0.1/0.04 = 0.25 and 0.1·0.5/0.36 = 0.1388888889, each /|o_0| = 2 /B = 2
     b = _shape_batch([True, False])
-    out = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", off_policy_shaping=0.1))
+    out = compute_loss("grpo_nokl", b, _nokl("shaped", off_policy_gamma=0.1))
     assert out.loss.item() == pytest.approx(0.16666666666666666, abs=1e-12)
     g = grad_of(out.loss, b.logp)
     assert g.tolist()[0] == pytest.approx([-0.0625, -0.034722222222222224], abs=1e-12)
@@ -418,21 +422,38 @@ def test_off_policy_shaping_by_hand():
     assert out.clip_frac == 0.0  # the shaped row is never clipped
 
 
-def test_without_shaping_an_off_policy_row_is_clipped_like_a_sample():
-    # γ unset (or no row marked): row 0 is min(ρÂ, clip(ρ)Â) = (1.2, 1) -> L_0 = −1.1; loss = (−1.1 + 1)/2 = −0.05;
+def test_log_prob_off_policy_row_by_hand():
+    # Â = +1: L_0 = −(log 0.1 + log 0.5)/2 = −(−2.302585093 − 0.6931471806)/2 = 1.4978661368; loss = (1.4978661368 + 1)/2
+    # = 1.2489330684; gradient −Â/|o_0|/B = −0.25 on both tokens, the one at ρ = 10 too (no clip)
+    b = _shape_batch([True, False])
+    out = compute_loss("grpo_nokl", b, _nokl("log_prob"))
+    assert out.loss.item() == pytest.approx(1.2489330683884301, abs=1e-12)
+    assert grad_of(out.loss, b.logp).tolist()[0] == pytest.approx([-0.25, -0.25], abs=1e-12)
+    assert out.clip_frac == 0.0
+    # Â = −1: the clipped term as a sample, −Â max(ρ, clip ρ) = (10 + 1)/2 -> L_0 = 5.5, loss (5.5 + 1)/2 = 3.25;
+    # gradient ρ/|o_0|/B = 10/4 and 1/4 (ρ above 1 + ε is not cut when Â < 0)
+    b = _shape_batch([True, False], a0=-1.0)
+    out = compute_loss("grpo_nokl", b, _nokl("log_prob"))
+    assert out.loss.item() == pytest.approx(3.25, abs=1e-12)
+    assert grad_of(out.loss, b.logp).tolist()[0] == pytest.approx([2.5, 0.25], abs=1e-12)
+
+
+def test_clipped_off_policy_rows_train_like_samples():
+    # "clipped" (or no row marked): row 0 is min(ρÂ, clip(ρ)Â) = (1.2, 1) -> L_0 = −1.1; loss = (−1.1 + 1)/2 = −0.05;
     # its first token is clipped (no gradient): 1 of 3 workflow tokens
-    for off, gamma in (([True, False], None), (None, 0.1), ([False, False], 0.1)):
+    for off, loss in (([True, False], "clipped"), (None, "shaped"), ([False, False], "log_prob")):
         b = _shape_batch(off)
-        out = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", off_policy_shaping=gamma))
+        out = compute_loss("grpo_nokl", b, _nokl(loss))
         assert out.loss.item() == pytest.approx(-0.05, abs=1e-12)
         assert grad_of(out.loss, b.logp).tolist()[0] == pytest.approx([0.0, -0.25], abs=1e-12)
         assert out.clip_frac == pytest.approx(1 / 3, abs=1e-6)  # a float32 count ratio
 
 
-def test_shaped_rows_aggregate_like_their_group_rows():
-    # an anchor in two groups (Â = +1 and −0.5) stands for (A⁺ 1, A⁻ −0.5, count 2): the same loss and gradient as
-    # the two per-group rows, shaped with their summed advantage
-    cfg = ObjectiveConfig(objective="spogw", off_policy_shaping=0.1)
+@pytest.mark.parametrize("loss", ["shaped", "log_prob"])
+def test_off_policy_rows_aggregate_like_their_group_rows(loss):
+    # an anchor in two groups (Â = +1 and −0.5) stands for (A⁺ 1, A⁻ −0.5, count 2): the same loss, gradient and
+    # clip fraction as the two per-group rows
+    cfg = ObjectiveConfig(objective="spogw", off_policy_loss=loss)
     ref = torch.tensor([[math.log(0.2), math.log(0.4)], [math.log(0.5), 0.0]], dtype=DT)
     rows = LossBatch(logp=leaf([SHAPE_LOGP[0], SHAPE_LOGP[0], SHAPE_LOGP[1]]),
                      old_logp=torch.tensor([SHAPE_OLD[0], SHAPE_OLD[0], SHAPE_OLD[1]], dtype=DT),
@@ -448,14 +469,16 @@ def test_shaped_rows_aggregate_like_their_group_rows():
     ga, gu = grad_of(a.loss, rows.logp), grad_of(u.loss, uniq.logp)
     assert gu[0].tolist() == pytest.approx((ga[0] + ga[1]).tolist(), abs=1e-12)
     assert gu[1].tolist() == pytest.approx(ga[2].tolist(), abs=1e-12)
-    assert u.clip_frac == pytest.approx(a.clip_frac, abs=1e-12)
+    assert u.clip_frac == pytest.approx(a.clip_frac, abs=1e-6)
 
 
-def test_off_policy_shaping_config_errors():
+def test_off_policy_config_errors():
     with pytest.raises(ConfigError, match="must be > 0"):
-        ObjectiveConfig(off_policy_shaping=0.0)
+        ObjectiveConfig(off_policy_loss="shaped", off_policy_gamma=0.0)
+    with pytest.raises(ConfigError, match=r"off_policy_loss='luffy': choose one of"):
+        ObjectiveConfig(off_policy_loss="luffy")
     with pytest.raises(ValueError, match=r"off_policy has shape \(3,\)"):
         compute_loss("spogw", LossBatch(logp=leaf(SHAPE_LOGP), mask=torch.tensor(SHAPE_MASK),
                                         advantages=torch.tensor([1.0, -1.0], dtype=DT),
                                         off_policy=torch.tensor([True, False, True])),
-                     ObjectiveConfig(beta=0.0, off_policy_shaping=0.1))
+                     ObjectiveConfig(beta=0.0, off_policy_loss="log_prob"))

@@ -60,8 +60,8 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"iterations": 0}, "iterations"),
     ({"training": {"min_queries": 3}}, "training.min_queries=3 is more than benchmark.train_queries=2"),
     ({"training": {"min_queries": 0}}, "training.min_queries"),
-    ({"training": {"off_policy_shaping": 0.1}}, "generator.anchors is off"),
-    ({"training": {"off_policy_shaping": -1.0}}, "must be > 0"),
+    ({"training": {"off_policy_loss": "log_prob"}}, "generator.anchors is off"),
+    ({"training": {"off_policy_loss": "shaped", "off_policy_gamma": -1.0}}, "must be > 0"),
     ({"nonsense": 1}, "nonsense"),
 ])
 def test_validation_errors_name_the_field_and_fix(overrides, message):
@@ -205,18 +205,25 @@ def test_min_queries_is_hashed_for_training_only_when_set():
     assert "min_queries" not in two.train_config().to_dict() and two.training.min_queries == 2
 
 
-def test_off_policy_shaping_is_hashed_only_when_set_and_refused_off_the_group_objectives():
-    """Unset, the answers config and its trainer run hash are what they were before the option; set, the training
-    section and the trainer's config change (not the samples). Only the GRPO family's group rows are shaped."""
+def test_off_policy_loss_is_hashed_only_when_it_changes_the_loss():
+    """At "clipped" (the default) the fields are left out of the config and the trainer's run hash, whatever γ
+    says; γ counts only for "shaped". Another loss changes the training section, not the samples. Only the GRPO
+    family's group rows have off-policy rows."""
     a = load_config("answers")
-    none = load_config("answers", overrides={"training": {"off_policy_shaping": None}})
-    shaped = load_config("answers", overrides={"training": {"off_policy_shaping": 0.1}})
-    assert config_hash(none) == config_hash(a) and "off_policy_shaping" not in a.train_config().to_dict()
-    assert section_hash(shaped, "lora_checkpoint") != section_hash(a, "lora_checkpoint")
-    assert section_hash(shaped, "sampled_workflows") == section_hash(a, "sampled_workflows")
-    assert shaped.train_config().to_dict()["off_policy_shaping"] == 0.1
+    for same in ({"off_policy_loss": "clipped"}, {"off_policy_gamma": 0.5}, {"off_policy_loss": "clipped",
+                                                                             "off_policy_gamma": 0.3}):
+        c = load_config("answers", overrides={"training": same})
+        assert config_hash(c) == config_hash(a) and c.train_config().identity() == a.train_config().identity()
+    assert not {"off_policy_loss", "off_policy_gamma"} & set(a.train_config().to_dict())
+    lp = load_config("answers", overrides={"training": {"off_policy_loss": "log_prob", "off_policy_gamma": 0.5}})
+    assert section_hash(lp, "lora_checkpoint") != section_hash(a, "lora_checkpoint")
+    assert section_hash(lp, "sampled_workflows") == section_hash(a, "sampled_workflows")
+    d = lp.train_config().to_dict()
+    assert d["off_policy_loss"] == "log_prob" and "off_policy_gamma" not in d
+    shaped = load_config("answers", overrides={"training": {"off_policy_loss": "shaped"}}).train_config().to_dict()
+    assert (shaped["off_policy_loss"], shaped["off_policy_gamma"]) == ("shaped", 0.1)
     with pytest.raises(ConfigValidationError, match="GRPO family"):
-        load_config("answers", overrides={"training": {"off_policy_shaping": 0.1, "objective": "rwr"}})
+        load_config("answers", overrides={"training": {"off_policy_loss": "log_prob", "objective": "rwr"}})
 
 
 def test_every_other_profile_points_to_the_headline_run():

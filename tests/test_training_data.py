@@ -379,8 +379,8 @@ def test_require_queries_drops_data_on_too_few_queries_and_says_why():
     assert training_inputs.require_queries([], rows.clear(), 5)[2] is None
 
 
-def test_anchor_examples_are_marked_off_policy_only_with_shaping():
-    # (a, 2) is an anchor (finish_reason "anchor"); shaping set marks its example off-policy and changes the data
+def test_anchor_examples_are_marked_off_policy_only_with_their_own_loss():
+    # (a, 2) is an anchor (finish_reason "anchor"); an off_policy_loss other than "clipped" marks its example off-policy and changes the data
     # hash; unset, the examples (and their hash) are what they were before the option
     from spogw_dagster.core.training.identity import data_hash
     from spogw_dagster.pipeline.data.tables import ANCHOR_FINISH
@@ -394,7 +394,7 @@ def test_anchor_examples_are_marked_off_policy_only_with_shaping():
                               "advantage": [1.0, -1.0]})
     plain, _ = training_inputs.training_data("spogw", sharpened, sampled, scores, ObjectiveConfig(), 0)
     shaped, _ = training_inputs.training_data("spogw", sharpened, sampled, scores,
-                                              ObjectiveConfig(off_policy_shaping=0.1), 0)
+                                              ObjectiveConfig(off_policy_loss="log_prob"), 0)
     assert [e.off_policy for e in plain] == [False, False]
     assert [e.off_policy for e in shaped] == [False, True]
     assert "off_policy" not in plain[1].canonical() and shaped[1].canonical()["off_policy"] is True

@@ -166,6 +166,10 @@ class CurationConfig(_FromDict):
         return 2 * self.t
 
 
+# how off-policy rows (anchors) enter the GRPO family's loss (ObjectiveConfig.off_policy_loss)
+OFF_POLICY_LOSSES = ("clipped", "shaped", "log_prob")
+
+
 @dataclass(frozen=True)
 class ObjectiveConfig(_FromDict):
     """Loss selection and its hyperparameters (the algorithm as docs/algorithm.md specifies it). The only declaration of these fields:
@@ -196,13 +200,15 @@ class ObjectiveConfig(_FromDict):
                  beating the best answer so far, 0.5 for beating the previous state, 0 otherwise, 0.1 less below
                  accuracy 0.3) or "score" (the row's absolute ladder score).
     seed         seed of score_dpo's pair sampling (combined with the iteration in the pipeline).
-    off_policy_shaping
-                 γ of LUFFY's policy shaping for off-policy rows (the GRPO family; in the pipeline, the anchors of
-                 `generator.anchors`): such a row's token term is Â·π_θ/(π_θ + γ) instead of the clipped ratio
-                 to π_old, with no clip (LUFFY: γ = 0.1). Why: the anchors were not sampled from π_old, so the
-                 clip's trust region around π_old stops an anchor's rare tokens at 1 + ε_c times their
-                 probability, which is where the structure is decided; the shaped term keeps a gradient that is
-                 largest where π_θ ≈ γ and fades as π_θ → 1. None (default): off-policy rows train like samples.
+    off_policy_loss
+                 the token term of off-policy rows (the GRPO family; in the pipeline, the anchors of
+                 `generator.anchors`, which were not sampled from π_old). "clipped" (default): the clipped ratio,
+                 as a sample. "shaped": LUFFY's policy shaping Â·π_θ/(π_θ + γ), no clip. "log_prob": Â·log π_θ
+                 where Â > 0 (the clipped term's gradient at ρ = 1, kept past 1 + ε_c), the clipped term where
+                 Â < 0. Why: the clip stops an anchor's rare tokens at 1 + ε_c times their π_old, and the
+                 structure an anchor shows is decided by such a token (docs/algorithm.md).
+    off_policy_gamma
+                 γ of "shaped" (LUFFY: 0.1).
 
     Log-probs: score_dpo and rwr compute π_θ and π_ref at T = 1, as ScoreFlow (TRL's DPO trainer) and W4S
     (plain HF cross-entropy) do; the GRPO family at the sampling temperature, so that π_θ/π_old is the ratio
@@ -219,7 +225,8 @@ class ObjectiveConfig(_FromDict):
     rwr_normalize_weights: bool = False
     rwr_reward: str = "w4s"
     seed: int = 0
-    off_policy_shaping: float | None = None
+    off_policy_loss: str = "clipped"
+    off_policy_gamma: float = 0.1
 
     def __post_init__(self) -> None:
         c = type(self).__name__
@@ -258,11 +265,12 @@ class ObjectiveConfig(_FromDict):
         if self.rwr_reward not in RWR_REWARDS:
             raise ConfigError(f"{c}.rwr_reward={self.rwr_reward!r}: choose one of {list(RWR_REWARDS)} (\"w4s\": W4S's "
                               "history-relative reward; \"score\": the absolute ladder score).")
-        if self.off_policy_shaping is not None:
-            _require_real(c, "off_policy_shaping", self.off_policy_shaping)
-            if not self.off_policy_shaping > 0.0:
-                raise ConfigError(f"{c}.off_policy_shaping={self.off_policy_shaping}: γ of π/(π + γ) must be > 0 "
-                                  "(LUFFY uses 0.1), or None to train off-policy rows like samples.")
+        if self.off_policy_loss not in OFF_POLICY_LOSSES:
+            raise ConfigError(f"{c}.off_policy_loss={self.off_policy_loss!r}: choose one of {list(OFF_POLICY_LOSSES)}.")
+        _require_real(c, "off_policy_gamma", self.off_policy_gamma)
+        if not self.off_policy_gamma > 0.0:
+            raise ConfigError(f"{c}.off_policy_gamma={self.off_policy_gamma}: γ of π/(π + γ) must be > 0 (LUFFY "
+                              "uses 0.1).")
         if not isinstance(self.rwr_normalize_weights, bool):
             raise ConfigError(f"{c}.rwr_normalize_weights must be True or False, got {self.rwr_normalize_weights!r}.")
 

@@ -45,6 +45,7 @@ from spogw_dagster.core.hyperparams import ConfigError, CurationConfig
 from spogw_dagster.core.methods.catalog import METHODS, W4S_FEEDBACK_QUERIES, W4S_TURNS
 from spogw_dagster.core.rewards import Ladder
 from spogw_dagster.core.training import TrainConfig, registry
+from spogw_dagster.core.training.config import drop_default_off_policy
 from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
@@ -310,8 +311,8 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
             d.pop("rwr_reward", None)
         if isinstance(d, dict) and d.get("min_queries") == 1:  # the default: older configs keep their hash
             d.pop("min_queries")
-        if isinstance(d, dict) and "off_policy_shaping" in d and d["off_policy_shaping"] is None:  # likewise
-            d.pop("off_policy_shaping")
+        if isinstance(d, dict):  # likewise
+            drop_default_off_policy(d)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
@@ -496,13 +497,13 @@ class SpogwConfig(BaseModel):
             raise ValueError(f"generator.anchors adds the workflows the prompt shows, and prompt "
                              f"{self.generator.prompt!r} shows none that every query shares; set generator.prompt "
                              "to 'anchored' or 'examples', or anchors to false")
-        if self.training.off_policy_shaping is not None:
+        if self.training.off_policy_loss != "clipped":
             if not self.generator.anchors:
-                raise ValueError(f"training.off_policy_shaping={self.training.off_policy_shaping} shapes the anchors' "
-                                 "rows, and generator.anchors is off (every row is a sample); set generator.anchors: "
-                                 "true, or remove off_policy_shaping")
+                raise ValueError(f"training.off_policy_loss={self.training.off_policy_loss!r} is the anchors' loss, "
+                                 "and generator.anchors is off (every row is a sample); set generator.anchors: "
+                                 "true, or remove off_policy_loss")
             if registry.get(self.training.objective).data != "groups":
-                raise ValueError(f"training.off_policy_shaping applies to the GRPO family's group rows; objective "
+                raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
         if self.generator.anchors and self.refinement.enabled:

@@ -177,14 +177,22 @@ class TrainConfig(ObjectiveConfig):
         d["adam_betas"] = list(self.adam_betas)
         if self.spec.data != "candidates":  # only W4S's candidates read it: every other run keeps its run hash
             d.pop("rwr_reward", None)
-        if d.get("off_policy_shaping") is None:  # the default: runs from before it keep their run hash
-            d.pop("off_policy_shaping", None)
+        drop_default_off_policy(d)  # runs from before the option keep their run hash
         return d
 
     def identity(self) -> dict[str, Any]:
         """What makes two runs the same run: `to_dict` without the forward path (`shared_prompt`), which changes
         how a batch is computed, not what is trained."""
         return config_identity(self.to_dict())
+
+
+def drop_default_off_policy(d: dict[str, Any]) -> None:
+    """Leave the off-policy fields out of a config dict where they change nothing: both at the default loss, γ
+    unless the loss is "shaped"."""
+    if d.get("off_policy_loss", "clipped") == "clipped":
+        d.pop("off_policy_loss", None)
+    if d.get("off_policy_loss") != "shaped":
+        d.pop("off_policy_gamma", None)
 
 
 def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ class TrainExample:
     completion_token_ids: list[int] | None = None
     group_id: str | int | None = None
     role: str | None = None  # score_dpo: "chosen" | "rejected" (the pair is the rows sharing group_id)
-    # not sampled from π_old (an anchor): trained with `off_policy_shaping` where the config sets it
+    # not sampled from π_old (an anchor): trained with `off_policy_loss` where the config sets it
     off_policy: bool = False
 
     @classmethod

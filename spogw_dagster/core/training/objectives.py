@@ -18,9 +18,10 @@ Objectives (`compute_loss(name, batch, cfg)` dispatches):
                  ρ = exp(logp − old),  D = exp(ref − logp) − (ref − logp) − 1  (k3),  M_i = 1[Â_i > 0],
                  L_i = −(1/|o_i|) Σ_t [ min(ρ Â_i, clip(ρ, 1−ε_c, 1+ε_c) Â_i) − β M_i D ],  loss = mean_i L_i.
              The mask is strict (Â = 0 gets no KL). |o_i| = number of masked tokens of row i.
-             Off-policy rows (`batch.off_policy`, the anchors) with `off_policy_shaping` γ set: the row's token
-             term is Â_i · π_θ/(π_θ + γ), with no clip and no π_old (LUFFY's policy shaping, π_θ = exp(logp));
-             the KL term is unchanged. clip_frac counts the clipped rows' tokens only.
+             Off-policy rows (`batch.off_policy`, the anchors) by `off_policy_loss`: "clipped" as above; "shaped"
+             Â_i · π_θ/(π_θ + γ), no clip, no π_old (LUFFY's policy shaping, π_θ = exp(logp)); "log_prob"
+             Â_i · log π_θ where Â_i > 0 (no ratio, no clip), the clipped term where Â_i < 0. The KL term is
+             unchanged. clip_frac counts only the tokens whose term is a clipped one.
 * grpo       the same with M_i = 1 for every i (uniform KL).
 * grpo_nokl  the same with β = 0 (no reference needed).
 * score_dpo  ScoreFlow's Score-DPO on pairs (w, l) of rows with s_w > s_l:
@@ -205,19 +206,23 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _shape_off_policy(surrogate: Tensor, lp: Tensor, weight: Tensor, off: Tensor | None,
-                      gamma: float | None) -> tuple[Tensor, Tensor]:
-    """The surrogate with off-policy rows' terms replaced by weight · π/(π + γ) (LUFFY's policy shaping; `weight`
-    [B, 1] is the row's Â), and the [B, 1] bool mask of the rows whose clipped term stays. Unchanged without γ
-    or off-policy rows."""
-    keep = torch.ones((lp.shape[0], 1), dtype=torch.bool, device=lp.device)
-    if gamma is None or off is None:
-        return surrogate, keep
-    if not gamma > 0:
-        raise ValueError(f"off_policy_shaping={gamma} must be > 0")
+def _off_policy_terms(surrogate: Tensor, lp: Tensor, ratio: Tensor, clipped: Tensor, a_pos: Tensor, a_neg: Tensor,
+                      off: Tensor | None, loss: str, gamma: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The surrogate with the off-policy rows' terms replaced as `loss` says (module doc), and two [B, 1] bool
+    masks: the rows whose positive and whose negative advantage still go through a clip. `a_pos`, `a_neg` [B, 1]:
+    a row's A⁺ and A⁻ (for a per-group row, max(Â, 0) and min(Â, 0))."""
+    every = torch.ones((lp.shape[0], 1), dtype=torch.bool, device=lp.device)
+    if off is None or loss == "clipped":
+        return surrogate, every, every
     off = off.to(device=lp.device, dtype=torch.bool).unsqueeze(-1)
-    p = torch.exp(lp)
-    return torch.where(off, weight * p / (p + gamma), surrogate), ~off
+    if loss == "shaped":
+        if not gamma > 0:
+            raise ValueError(f"off_policy_gamma={gamma} must be > 0")
+        p = torch.exp(lp)
+        return torch.where(off, (a_pos + a_neg) * p / (p + gamma), surrogate), ~off, ~off
+    if loss == "log_prob":
+        return torch.where(off, a_pos * lp + a_neg * torch.maximum(ratio, clipped), surrogate), ~off, every
+    raise ValueError(f"off_policy_loss={loss!r}: choose one of clipped, shaped, log_prob")
 
 
 def _check_kl_args(beta: float, clip_eps: float, ref_logp) -> None:
@@ -243,7 +248,8 @@ def _clipped_policy_loss(
     clip_eps: float,
     kl_mask: str,  # "positive" (mKL) | "all"
     off_policy: Tensor | None = None,
-    shaping: float | None = None,
+    off_loss: str = "clipped",
+    gamma: float = 0.1,
 ) -> LossOutput:
     if advantages is None:
         raise ValueError("this objective needs batch.advantages ([B] tensor of Â_i from curation)")
@@ -263,7 +269,8 @@ def _clipped_policy_loss(
     ratio = torch.exp(lp - old)
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     surrogate = torch.minimum(ratio * A, clipped * A)
-    surrogate, on = _shape_off_policy(surrogate, lp, A, off_policy, shaping)
+    surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, A.clamp(min=0), A.clamp(max=0),
+                                                  off_policy, off_loss, gamma)
     policy_rows = -(surrogate * m).sum(-1) / length  # masked positions are exactly 0 already; * m for clarity
     policy_loss = policy_rows.mean()
 
@@ -287,8 +294,8 @@ def _clipped_policy_loss(
 
     with torch.no_grad():
         r = ratio.detach()
-        cut = ((r > 1.0 + clip_eps) & (A > 0)) | ((r < 1.0 - clip_eps) & (A < 0))
-        clip_frac = float((cut & m & on).sum() / m.sum())
+        cut = ((r > 1.0 + clip_eps) & (A > 0) & pos_ok) | ((r < 1.0 - clip_eps) & (A < 0) & neg_ok)
+        clip_frac = float((cut & m).sum() / m.sum())
         ratio_mean = float((r * m).sum() / m.sum())
 
     return LossOutput(
@@ -325,7 +332,8 @@ def _aggregated_policy_loss(
     beta: float,
     clip_eps: float,
     kl_mask: str,  # "positive" (mKL: weight n⁺) | "all" (weight count)
-    shaping: float | None = None,
+    off_loss: str = "clipped",
+    gamma: float = 0.1,
 ) -> LossOutput:
     """The GRPO family on unique-workflow rows (module doc): equal to `_clipped_policy_loss` on the per-group
     rows each unique row stands for — loss, gradients and metrics."""
@@ -354,7 +362,8 @@ def _aggregated_policy_loss(
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     # Â > 0: min(ρÂ, clip(ρ)Â) = Â min(ρ, clip ρ);  Â < 0: = Â max(ρ, clip ρ); summed over the row's groups
     surrogate = a_pos.unsqueeze(-1) * torch.minimum(ratio, clipped) + a_neg.unsqueeze(-1) * torch.maximum(ratio, clipped)
-    surrogate, on = _shape_off_policy(surrogate, lp, (a_pos + a_neg).unsqueeze(-1), b.off_policy, shaping)
+    surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, a_pos.unsqueeze(-1),
+                                                  a_neg.unsqueeze(-1), b.off_policy, off_loss, gamma)
     policy_rows = -(surrogate * m).sum(-1) / length
     policy_loss = policy_rows.sum() / total
 
@@ -379,8 +388,8 @@ def _aggregated_policy_loss(
     with torch.no_grad():
         r = ratio.detach()
         mf = m.to(dt)
-        above = ((r > 1.0 + clip_eps) & m & on).to(dt).sum(-1)
-        below = ((r < 1.0 - clip_eps) & m & on).to(dt).sum(-1)
+        above = ((r > 1.0 + clip_eps) & m & pos_ok).to(dt).sum(-1)
+        below = ((r < 1.0 - clip_eps) & m & neg_ok).to(dt).sum(-1)
         tokens = (count * length).sum()
         clip_frac = float((n_pos * above + n_neg * below).sum() / tokens)
         ratio_mean = float((count * (r * mf).sum(-1)).sum() / tokens)
@@ -409,12 +418,13 @@ def spogw(
     beta: float = 0.1,
     clip_eps: float = 0.2,
     off_policy: Tensor | None = None,
-    shaping: float | None = None,
+    off_loss: str = "clipped",
+    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO + advantage-masked KL: the KL penalty applies only to rows with Â_i > 0."""
     return _clipped_policy_loss(
         logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="positive",
-        off_policy=off_policy, shaping=shaping,
+        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
     )
 
 
@@ -428,12 +438,13 @@ def grpo(
     beta: float = 0.1,
     clip_eps: float = 0.2,
     off_policy: Tensor | None = None,
-    shaping: float | None = None,
+    off_loss: str = "clipped",
+    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO with the KL penalty on every row (M_i = 1)."""
     return _clipped_policy_loss(
         logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="all",
-        off_policy=off_policy, shaping=shaping,
+        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
     )
 
 
@@ -446,12 +457,13 @@ def grpo_nokl(
     clip_eps: float = 0.2,
     ref_logp: Tensor | None = None,
     off_policy: Tensor | None = None,
-    shaping: float | None = None,
+    off_loss: str = "clipped",
+    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO without a KL term (β = 0). A given ref_logp only feeds the `kl` metric."""
     return _clipped_policy_loss(
         logp, old_logp, ref_logp, mask, advantages, beta=0.0, clip_eps=clip_eps, kl_mask="all",
-        off_policy=off_policy, shaping=shaping,
+        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
     )
 
 
@@ -610,10 +622,10 @@ def _run_group_family(b: LossBatch, c: ObjectiveConfig, *, beta: float, kl_mask:
     """spogw, grpo and grpo_nokl differ only in β and the KL mask (module doc)."""
     if b.aggregated:
         return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=beta, clip_eps=c.clip_eps,
-                                       kl_mask=kl_mask, shaping=c.off_policy_shaping)
+                                       kl_mask=kl_mask, off_loss=c.off_policy_loss, gamma=c.off_policy_gamma)
     return _clipped_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b.advantages, beta=beta,
                                 clip_eps=c.clip_eps, kl_mask=kl_mask, off_policy=b.off_policy,
-                                shaping=c.off_policy_shaping)
+                                off_loss=c.off_policy_loss, gamma=c.off_policy_gamma)
 
 
 def _run_spogw(b: LossBatch, c: ObjectiveConfig) -> LossOutput:

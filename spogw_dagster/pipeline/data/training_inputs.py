@@ -24,7 +24,7 @@ def training_examples(sharpened: pl.DataFrame, sampled: pl.DataFrame, mark_off_p
     """One `TrainExample` per sharpened member: the prompt, the sampled tokens and log-probs (π_old) and the
     group-normalised advantage. Ordered by (group_id, rank) so the dataset (and its hash) is deterministic.
     With `mark_off_policy`, an anchor's examples (finish_reason "anchor") are marked off-policy (for
-    `training.off_policy_shaping`; unmarked, the data hash is the one from before the option).
+    `training.off_policy_loss`; unmarked, the data hash is the one from before the option).
 
     A member that occurs in several groups yields one example per group (the paper weights workflows that
     are extreme in many groups more). A member with no sampled row is an error."""
@@ -68,7 +68,7 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
     if data == "candidates":
         return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
     return sharpened_training_data(sharpened, sampled, objective, iteration,
-                                   mark_off_policy=getattr(ocfg, "off_policy_shaping", None) is not None)
+                                   mark_off_policy=getattr(ocfg, "off_policy_loss", "clipped") != "clipped")
 
 
 def iteration_training_data(tcfg, min_queries: int, sharpened: pl.DataFrame, sampled: pl.DataFrame,
