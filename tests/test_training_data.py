@@ -400,3 +400,28 @@ def test_anchor_examples_are_marked_off_policy_only_with_their_own_loss():
     assert "off_policy" not in plain[1].canonical() and shaped[1].canonical()["off_policy"] is True
     assert data_hash(plain) == data_hash(training_inputs.training_examples(sharpened, sampled))
     assert data_hash(shaped) != data_hash(plain)
+
+
+def test_an_off_policy_example_reaches_the_loss_as_an_off_policy_row():
+    """TrainExample.off_policy -> Item -> LossBatch: with log_prob, the marked row's first token (ρ = 10, beyond the
+    clip) keeps its gradient −Â/|o|/B = −1/2/2; unmarked, the clip cuts it (gradient 0). Token ids given, so no
+    tokenizer is read."""
+    import torch
+
+    from spogw_dagster.core.training import TrainConfig, TrainExample
+    from spogw_dagster.core.training.batching import tokenize
+    from spogw_dagster.core.training.passes import micro_batch_objective
+
+    cfg = TrainConfig(objective="grpo_nokl", off_policy_loss="log_prob", old_logprobs="data")
+    lp = [[math.log(0.1), math.log(0.5)], [math.log(0.5), math.log(0.5)]]
+    for off, first in ((True, -0.25), (False, 0.0)):
+        exs = [TrainExample("p", "c", advantage=1.0, old_logprobs=[math.log(0.01), math.log(0.5)],
+                            prompt_token_ids=[1], completion_token_ids=[5, 6], off_policy=off),
+               TrainExample("p", "d", advantage=-1.0, old_logprobs=[math.log(0.5), math.log(0.5)],
+                            prompt_token_ids=[1], completion_token_ids=[7, 8])]
+        items = tokenize(exs, None, cfg)
+        assert [it.off_policy for it in items] == [off, False]
+        logp = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+        out = micro_batch_objective(items, cfg, logp, torch.ones(2, 2), "cpu")
+        (g,) = torch.autograd.grad(out.loss, logp)
+        assert g[0, 0].item() == pytest.approx(first, abs=1e-12)
