@@ -48,6 +48,10 @@ def test_the_fingerprint_names_the_config_the_parent_and_the_iteration():
     assert fp != oc.own_data_fingerprint(cfg, SimpleNamespace(sha256="cd" * 32), 1)
     assert fp != oc.own_data_fingerprint(cfg, parent, 2)
     assert oc.own_data_fingerprint(cfg, None, 0) != oc.own_data_fingerprint(cfg, parent, 0)  # the base model
+    # what only training reads does not make the candidates again; what the executor reads does
+    lr = load_config(profile="tiny", overrides={"training": {"learning_rate": 1e-5, "epochs": 3}})
+    assert oc.own_data_fingerprint(lr, parent, 1) == fp
+    assert oc.own_data_fingerprint(load_config(profile="tiny", overrides={"execution": {"runs": 2}}), parent, 1) != fp
 
 
 def test_the_candidates_live_beside_the_methods_adapter(tmp_path):

@@ -41,7 +41,7 @@ from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.domain.outage import executed_rows
-from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
+from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config, section_hash
 from spogw_dagster.seeds import derive_seed
 
 NAME = "objective_comparison"
@@ -232,12 +232,14 @@ def own_data_dir(store: AssetStore, key: str, name: str) -> Path:
 
 
 def own_data_fingerprint(mcfg: SpogwConfig, parent, k: int) -> str:
-    """What the candidates depend on: the method's whole config (generator, executor, seeds, queries, turns),
+    """What the candidates depend on: the sections of the method's config that sampling and scoring read
+    (generator, executor, seeds, queries, turns; not `training`, so a learning rate does not sample them again),
     the parent adapter, the iteration, and the code that samples and scores them (a fix there makes them again)."""
 
-    code = {a: versions.source_hash(a)[:16] for a in ("sampled_workflows", "execution_scores")}
-    return json.dumps({"config_hash": mcfg.hash, "parent_sha256": parent.sha256 if parent else None,
-                       "iteration": k, "code": code}, sort_keys=True)
+    assets = ("sampled_workflows", "execution_scores")
+    return json.dumps({"sections": {a: section_hash(mcfg, a) for a in assets},
+                       "parent_sha256": parent.sha256 if parent else None, "iteration": k,
+                       "code": {a: versions.source_hash(a)[:16] for a in assets}}, sort_keys=True)
 
 
 def stored_own_data(folder: Path, fingerprint: str) -> tuple[pl.DataFrame, pl.DataFrame] | None:
