@@ -179,7 +179,7 @@ def _train(context, cfg: SpogwConfig, name: str, frames, store: AssetStore, key:
                           previous_adapter=parent.path if parent else None, processes=cfg.training.processes)
         secs = res.stats.get("summary", {}).get("train_seconds")
     else:
-        why = narrow or "no training examples"
+        why = narrow or tcfg.spec.no_data  # the objective's own words, as lora_checkpoint says them
         context.log.warning(f"{name}: {why}; the parent policy stands in for it")
         carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model, reason=f"{name}: {why}")
         secs = None
