@@ -305,3 +305,19 @@ def test_spogw_compare_says_so_when_the_comparison_has_no_rows(monkeypatch):
                               json=False)
     with pytest.raises(ConfigValidationError, match=r"objective_comparison\[0003\] has no rows"):
         commands._objective_comparison(args)
+
+
+def test_every_method_loads_under_the_anchors_own_loss():
+    """A loop with `training.off_policy_loss` set: the GRPO-family methods on the loop's anchored data keep it,
+    every other method (own data without anchors, or another objective) trains with the clipped default."""
+    from spogw_dagster.core.methods.catalog import method_names
+    from spogw_dagster.pipeline.defs.assets.objective_comparison import method_config
+    from spogw_dagster.pipeline.settings import load_config
+
+    cfg = load_config("answers", overrides={"training": {"off_policy_loss": "shaped"}})
+    got = {name: method_config(cfg, name) for name in method_names()}
+    assert got["spogw"].training.off_policy_loss == "shaped" and got["grpo"].training.off_policy_loss == "shaped"
+    for name, mc in got.items():
+        grouped = mc.generator.anchors and mc.train_config().spec.data == "groups"
+        assert mc.training.off_policy_loss == ("shaped" if grouped else "clipped"), name
+    assert got["score_dpo"].training.off_policy_loss == "clipped" and got["rwr"].training.off_policy_loss == "clipped"

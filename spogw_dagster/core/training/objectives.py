@@ -271,7 +271,7 @@ def _clipped_policy_loss(
     surrogate = torch.minimum(ratio * A, clipped * A)
     surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, A.clamp(min=0), A.clamp(max=0),
                                                   off_policy, off_loss, gamma)
-    policy_rows = -(surrogate * m).sum(-1) / length  # masked positions are exactly 0 already; * m for clarity
+    policy_rows = -(surrogate * m).sum(-1) / length  # * m: a shaped row is not 0 at masked positions (π = 1 there)
     policy_loss = policy_rows.mean()
 
     kl_value: float | None = None

@@ -25,7 +25,7 @@ from spogw_dagster.adapter_files import ADAPTER_WEIGHTS, STATS_FILE
 from spogw_dagster.contracts import Status
 from spogw_dagster.core import curation, stats
 from spogw_dagster.core.methods.catalog import method_overrides, own_data
-from spogw_dagster.core.training import config_identity, data_hash
+from spogw_dagster.core.training import config_identity, data_hash, registry
 from spogw_dagster.core.training.launch import fit_adapter
 from spogw_dagster.fsutil import replace_dir
 from spogw_dagster.pipeline.data import report_stats, tables, training_inputs
@@ -133,10 +133,15 @@ def scoring_config(cfg: SpogwConfig) -> SpogwConfig:
 
 
 def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
-    """The loop's config with method `name`'s curation/training overrides applied (validated as any config)."""
+    """The loop's config with method `name`'s curation/training overrides applied (validated as any config). The
+    anchors' own loss (`training.off_policy_loss`) goes only to a method that trains the GRPO family on anchors;
+    the others train as their papers do (the clipped default, which they never read)."""
     c = cfg.comparison
-    return parse_config(deep_merge(cfg.canonical(), method_overrides(
-        name, cfg.curation.n, cfg.curation.t, w4s_turns=c.w4s_turns, w4s_feedback_queries=c.w4s_feedback_queries)))
+    d = deep_merge(cfg.canonical(), method_overrides(
+        name, cfg.curation.n, cfg.curation.t, w4s_turns=c.w4s_turns, w4s_feedback_queries=c.w4s_feedback_queries))
+    if not d["generator"].get("anchors") or registry.get(d["training"]["objective"]).data != "groups":
+        d["training"]["off_policy_loss"] = "clipped"
+    return parse_config(d)
 
 
 def candidate_rows_sha256(sampled: pl.DataFrame, scores: pl.DataFrame) -> str:
