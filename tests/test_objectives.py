@@ -482,3 +482,16 @@ def test_off_policy_config_errors():
                                         advantages=torch.tensor([1.0, -1.0], dtype=DT),
                                         off_policy=torch.tensor([True, False, True])),
                      ObjectiveConfig(beta=0.0, off_policy_loss="log_prob"))
+
+
+@pytest.mark.parametrize("loss", ["shaped", "log_prob"])
+def test_an_off_policy_row_with_a_vanishing_pi_old_keeps_a_finite_gradient(loss):
+    # π_old = e^−95 on the first token: exp(lp − old) would overflow float32 (e^93.7); the shaped / log-prob term
+    # does not read ρ, and its gradient must not turn NaN through the unused clipped branch
+    logp = torch.tensor([[math.log(0.1), math.log(0.5)]], requires_grad=True)
+    b = LossBatch(logp=logp, old_logp=torch.tensor([[-95.0, math.log(0.5)]]), mask=torch.ones(1, 2),
+                  advantages=torch.tensor([1.0]), off_policy=torch.tensor([True]))
+    out = compute_loss("grpo_nokl", b, ObjectiveConfig(objective="grpo_nokl", off_policy_loss=loss))
+    (g,) = torch.autograd.grad(out.loss, logp)
+    assert torch.isfinite(g).all() and torch.isfinite(out.loss)
+    assert g[0, 0].item() == pytest.approx(-0.125 if loss == "shaped" else -0.5, abs=1e-6)  # −Â·γπ/(π+γ)²/2, −Â/2

@@ -206,6 +206,11 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
+# ρ is computed for every row, off-policy ones too, where a π_old far below π_θ (an anchor's rare token) could
+# overflow exp and turn the unused branch's zero gradient into NaN; e^60 fits float32 and is never a real ratio
+_MAX_LOG_RATIO = 60.0
+
+
 def _off_policy_terms(surrogate: Tensor, lp: Tensor, ratio: Tensor, clipped: Tensor, a_pos: Tensor, a_neg: Tensor,
                       off: Tensor | None, loss: str, gamma: float) -> tuple[Tensor, Tensor, Tensor]:
     """The surrogate with the off-policy rows' terms replaced as `loss` says (module doc), and two [B, 1] bool
@@ -266,7 +271,7 @@ def _clipped_policy_loss(
     adv = advantages.detach().to(dt)
     A = adv.unsqueeze(-1)
 
-    ratio = torch.exp(lp - old)
+    ratio = torch.exp(torch.clamp(lp - old, max=_MAX_LOG_RATIO))
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     surrogate = torch.minimum(ratio * A, clipped * A)
     surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, A.clamp(min=0), A.clamp(max=0),
@@ -358,7 +363,7 @@ def _aggregated_policy_loss(
 
     lp = _masked(logp, m, dt)
     old = _masked(old_logp.detach(), m, dt) if old_logp is not None else lp.detach()
-    ratio = torch.exp(lp - old)
+    ratio = torch.exp(torch.clamp(lp - old, max=_MAX_LOG_RATIO))
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     # Â > 0: min(ρÂ, clip(ρ)Â) = Â min(ρ, clip ρ);  Â < 0: = Â max(ρ, clip ρ); summed over the row's groups
     surrogate = a_pos.unsqueeze(-1) * torch.minimum(ratio, clipped) + a_neg.unsqueeze(-1) * torch.maximum(ratio, clipped)
