@@ -271,12 +271,11 @@ def _objective_comparison(args: argparse.Namespace) -> int:
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data.report_stats import comparison_cells
     from spogw_dagster.pipeline.runs.loop import run_comparison
+    from spogw_dagster.pipeline.settings import ConfigValidationError
 
     methods = [o.strip() for o in args.methods.split(",") if o.strip()] if args.methods else None
     table = run_comparison(args.profile, args.config, args.iteration, methods, args.assets_dir, split=args.split)
     if table.height == 0:
-        from spogw_dagster.pipeline.settings import ConfigValidationError
-
         raise ConfigValidationError(f"objective_comparison[{args.iteration:04d}] has no rows: no method was scored on "
                                     f"held-out queries; its materialization's metadata and log say why")
     if args.json:
