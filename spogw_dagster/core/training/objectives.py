@@ -422,14 +422,10 @@ def spogw(
     *,
     beta: float = 0.1,
     clip_eps: float = 0.2,
-    off_policy: Tensor | None = None,
-    off_loss: str = "clipped",
-    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO + advantage-masked KL: the KL penalty applies only to rows with Â_i > 0."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="positive",
-        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
+        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="positive"
     )
 
 
@@ -442,14 +438,10 @@ def grpo(
     *,
     beta: float = 0.1,
     clip_eps: float = 0.2,
-    off_policy: Tensor | None = None,
-    off_loss: str = "clipped",
-    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO with the KL penalty on every row (M_i = 1)."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="all",
-        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
+        logp, old_logp, ref_logp, mask, advantages, beta=beta, clip_eps=clip_eps, kl_mask="all"
     )
 
 
@@ -461,14 +453,10 @@ def grpo_nokl(
     *,
     clip_eps: float = 0.2,
     ref_logp: Tensor | None = None,
-    off_policy: Tensor | None = None,
-    off_loss: str = "clipped",
-    gamma: float = 0.1,
 ) -> LossOutput:
     """ioGRPO without a KL term (β = 0). A given ref_logp only feeds the `kl` metric."""
     return _clipped_policy_loss(
-        logp, old_logp, ref_logp, mask, advantages, beta=0.0, clip_eps=clip_eps, kl_mask="all",
-        off_policy=off_policy, off_loss=off_loss, gamma=gamma,
+        logp, old_logp, ref_logp, mask, advantages, beta=0.0, clip_eps=clip_eps, kl_mask="all"
     )
 
 

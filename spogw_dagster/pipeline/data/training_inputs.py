@@ -68,7 +68,7 @@ def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame
     if data == "candidates":
         return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
     return sharpened_training_data(sharpened, sampled, objective, iteration,
-                                   mark_off_policy=getattr(ocfg, "off_policy_loss", "clipped") != "clipped")
+                                   mark_off_policy=ocfg.off_policy_loss != "clipped")
 
 
 def iteration_training_data(tcfg, min_queries: int, sharpened: pl.DataFrame, sampled: pl.DataFrame,
