@@ -4,6 +4,7 @@ adapter through a real Dagster run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 
@@ -66,6 +67,32 @@ def test_the_verdict_pairs_queries_and_leaves_executor_errors_out():
     assert "carried forward" in v.sentence("base")
 
 
+def test_the_best_training_length_wins_and_a_tie_goes_to_the_first_listed():
+    assert selection.best_length([(2, 0.5), (3, 0.625)]) == 1
+    assert selection.best_length([(2, 0.5625), (3, 0.5)]) == 0
+    assert selection.best_length([(3, 0.5), (2, 0.5)]) == 0  # listed first, not fewer epochs
+    assert selection.best_length([(2, 0.3 - 0.2), (3, 0.1)]) == 0  # a float tie is a tie
+    assert selection.best_length([(1, 0.0), (2, 0.25), (3, 0.25)]) == 1
+    with pytest.raises(DomainError, match="selection.epochs"):
+        selection.best_length([])
+
+
+def test_each_training_length_gets_its_own_verdict_from_one_report():
+    two, three, prev = ("trained@0000", "checkpoint"), ("trained@0000.e3", "checkpoint"), ("base", "previous")
+    rows = []
+    # by hand over queries a..d: the parent 1/4; 2 epochs 2/4 (Δ +0.25); 3 epochs 3/4 (Δ +0.5)
+    for q, p, a2, a3 in (("a", 1.0, 1.0, 1.0), ("b", 0.0, 1.0, 1.0), ("c", 0.0, 0.0, 1.0), ("d", 0.0, 0.0, 0.0)):
+        rows += [_row(*prev, q, Status.OK, p), _row(*two, q, Status.OK, a2), _row(*three, q, Status.OK, a3)]
+    report = _report(rows)
+    v2 = selection.verdict_of(report, 0.0, 4, system="trained@0000")
+    v3 = selection.verdict_of(report, 0.0, 4, system="trained@0000.e3")
+    assert (v2.candidate, v2.delta) == (pytest.approx(0.5), pytest.approx(0.25))
+    assert (v3.candidate, v3.delta) == (pytest.approx(0.75), pytest.approx(0.5))
+    assert selection.best_length([(2, v2.candidate), (3, v3.candidate)]) == 1
+    said = dataclasses.replace(v3, epochs=3, tried=((2, v2.candidate), (3, v3.candidate))).sentence("base")
+    assert said.startswith("training lengths 2 epochs 0.500, 3 epochs 0.750: 3 epochs is the candidate")
+
+
 def test_no_pair_is_an_error_that_says_so_not_a_verdict():
     rows = [_row("trained@0000", "checkpoint", "a", Status.OK, 1.0),
             _row("base", "previous", "a", Status.EXECUTOR_ERROR, 0.0)]
@@ -115,13 +142,30 @@ def test_selection_off_keeps_every_hash_and_on_reaches_only_the_checkpoint():
     assert plain_r.hash == load_config("answers", overrides={"report": {"split": "validation"}}).hash
 
 
-def test_gc_keeps_the_trained_folder_of_a_live_partition_only(tmp_path):
+def test_training_lengths_need_the_gate_reach_only_the_checkpoint_and_are_checked():
+    on = load_config("answers", overrides={"selection": {"enabled": True}})
+    unset = load_config("answers", overrides={"selection": {"enabled": True, "epochs": None}})
+    lengths = load_config("answers", overrides={"selection": {"enabled": True, "epochs": [2, 3]}})
+    assert unset.hash == on.hash and "epochs" not in on.canonical()["selection"]  # gated configs keep their hashes
+    assert section_hash(lengths, "lora_checkpoint") != section_hash(on, "lora_checkpoint")
+    for asset in ("sampled_workflows", "execution_scores", "screened_groups", "benchmark_report"):
+        assert section_hash(lengths, asset) == section_hash(on, asset)
+    assert lengths.selection.lengths(2) == (2, 3) and on.selection.lengths(2) == (2,)
+    for bad, said in (({"enabled": False, "epochs": [2, 3]}, "selection is off"),
+                      ({"enabled": True, "epochs": [2, 2]}, "repeats"), ({"enabled": True, "epochs": []}, "one or more"),
+                      ({"enabled": True, "epochs": [0, 2]}, "between 1 and 100")):
+        with pytest.raises(ValueError, match=said):
+            load_config("answers", overrides={"selection": bad})
+
+
+def test_gc_keeps_the_trained_folders_of_a_live_partition_only(tmp_path):
     store = AssetStore(tmp_path)
     ck = store.table_dir("lora_checkpoint")
-    for name in ("0000", "0000" + TRAINED_SUFFIX, "0001" + TRAINED_SUFFIX):
+    for name in ("0000", "0000" + TRAINED_SUFFIX, "0000" + TRAINED_SUFFIX + ".e3", "0001" + TRAINED_SUFFIX,
+                 "0001" + TRAINED_SUFFIX + ".e3"):
         (ck / name).mkdir(parents=True)
     store.write_parquet("lora_checkpoint", "0000", tables.checkpoint_frame({"iteration": 0}))
-    assert [p.name for p in find_garbage(store).adapters] == ["0001" + TRAINED_SUFFIX]
+    assert [p.name for p in find_garbage(store).adapters] == ["0001" + TRAINED_SUFFIX, "0001.trained.e3"]
 
 
 @pytest.mark.model
@@ -140,9 +184,9 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
 
-    def run(inst, min_delta, only=None):
+    def run(inst, min_delta, only=None, epochs=None):
         over = {"benchmark": {"validation_queries": 2},
-                "selection": {"enabled": min_delta is not None, "min_delta": min_delta or 0.0}}
+                "selection": {"enabled": min_delta is not None, "min_delta": min_delta or 0.0, "epochs": epochs}}
         job = build_definitions("ci", assets_dir=store.root, overrides=over).resolve_job_def(JOB_NAME)
         res = job.execute_in_process(partition_key="0000", instance=inst, asset_selection=only, raise_on_error=False)
         assert res.success, [e.message for e in res.all_events if e.is_failure]
@@ -156,6 +200,8 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
         kept = run(inst, -1.0, only=[dg.AssetKey("lora_checkpoint")])
         after_kept = adapter_sha256(store.adapter_dir("0000"))
         rows = query(store, "select system, split, count(*) from selection_results group by all order by 1")
+        lengths = run(inst, -1.0, only=[dg.AssetKey("lora_checkpoint")], epochs=[1, 3, 2])
+        scores = dict(query(store, "select system, avg(answer_score) from selection_results group by all"))
         (store.adapter_dir("0000") / "training_stats.json").unlink()  # <k> no longer a finished run: only .trained is
         off_again = run(inst, None, only=[dg.AssetKey("lora_checkpoint")])
 
@@ -173,6 +219,25 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
     assert kept["adapter_sha256"] == adapter_sha256(trained) == after_kept
     assert (kept["validation_answer"], kept["validation_parent_answer"]) == \
         (refused["validation_answer"], refused["validation_parent_answer"])  # the same draws (the call cache)
+    # three training lengths (ci trains 1 epoch): the 1-epoch run is reused, 3 epochs trains and saves the 2-epoch
+    # run on the way, all three write validation workflows, the best (a tie: the first listed) is judged, and at
+    # min_delta -1 kept
+    folder = {1: trained, **{e: trained.with_name(f"0000{TRAINED_SUFFIX}.e{e}") for e in (2, 3)}}
+    st = {e: json.loads((folder[e] / "training_stats.json").read_text()) for e in (2, 3)}
+    assert [st[e]["config"]["epochs"] for e in (2, 3)] == [2, 3]
+    assert st[2]["snapshot_of_epochs"] == 3 and "snapshot_of_epochs" not in st[3]
+    assert st[2]["steps"] == st[3]["steps"][:2 * kept["optimizer_steps"]]
+    assert len(st[3]["steps"]) == 3 * kept["optimizer_steps"]
+    assert len({ungated["run_hash"], st[2]["run_hash"], st[3]["run_hash"]}) == 3
+    assert adapter_sha256(trained) == after_kept  # the 1-epoch adapter untouched
+    system = {1: "trained@0000", 2: "trained@0000.e2", 3: "trained@0000.e3"}
+    assert set(scores) == {"base", *system.values()}
+    tried = [(e, scores[system[e]]) for e in (1, 3, 2)]
+    pick = tried[selection.best_length(tried)][0]
+    assert lengths["selected"] is True and lengths["selected_epochs"] == pick
+    assert lengths["adapter_sha256"] == adapter_sha256(folder[pick])
+    assert lengths["validation_answer"] == pytest.approx(scores[system[pick]])
+    assert lengths["reused"] == (pick == 1)
     # selection off again: the finished run is copied back from .trained (no training), and the gate's rows,
     # which no longer describe this checkpoint, are gone
     assert off_again["reused"] and off_again["selected"] is None and off_again["adapter_sha256"] == after_kept

@@ -8,6 +8,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see s
 
 import json
 from pathlib import Path
+from dataclasses import replace
 
 import pytest
 import torch
@@ -282,6 +283,35 @@ def test_same_seed_same_adapter_and_reuse(tiny_model, tmp_path):
     other = train_lora(_examples(scores=(1.0, 1.0, 0.0, 0.0))[:3], cfg, tmp_path / "a", base_model=tiny_model)
     assert not other.reused and other.stats["n_examples"] == 3
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+
+
+def test_an_epoch_snapshot_is_the_shorter_run_itself(tiny_model, tmp_path):
+    """Constant LR with warmup and dropout: the adapter after epoch 2 of a 3-epoch run is saved as the 2-epoch
+    run (the same tensors, hash, steps and after pass), saving it changes nothing of the 3-epoch run, and
+    training 2 epochs into it reuses it."""
+    cfg = TrainConfig(epochs=3, batch_size=2, learning_rate=1e-2, lora_dropout=0.1, warmup_steps=3, seed=5)
+    two_cfg = replace(cfg, epochs=2)
+    long = train_lora(_examples(), cfg, tmp_path / "e3", base_model=tiny_model,
+                      snapshots={2: tmp_path / "e2", 3: tmp_path / "ignored", 0: tmp_path / "ignored"})
+    alone = train_lora(_examples(), two_cfg, tmp_path / "alone", base_model=tiny_model)
+    snap = json.loads((tmp_path / "e2" / "training_stats.json").read_text())
+    t_snap, t_alone = _tensors(tmp_path / "e2"), _tensors(alone.adapter_dir)
+    assert t_snap.keys() == t_alone.keys() and all(torch.equal(t_snap[k], t_alone[k]) for k in t_snap)
+    assert snap["run_hash"] == alone.stats["run_hash"] != long.stats["run_hash"]
+    assert snap["config"]["epochs"] == 2 and snap["snapshot_of_epochs"] == 3
+    assert [x["loss"] for x in snap["steps"]] == [x["loss"] for x in alone.stats["steps"]]
+    # its own after pass (eval_after), and the pass left the longer run training as it would have
+    assert [x["mean_logp_after"] for x in snap["examples"]] == [x["mean_logp_after"] for x in alone.stats["examples"]]
+    plain = train_lora(_examples(), cfg, tmp_path / "plain3", base_model=tiny_model)
+    t_long, t_plain = _tensors(long.adapter_dir), _tensors(plain.adapter_dir)
+    assert all(torch.equal(t_long[k], t_plain[k]) for k in t_long)
+    assert len(long.stats["steps"]) == 3 * len(snap["steps"]) // 2
+    assert not (tmp_path / "ignored").exists()  # only lengths shorter than the run
+    assert train_lora(_examples(), two_cfg, tmp_path / "e2", base_model=tiny_model).reused
+    # a decaying schedule: the state after epoch 2 is not the 2-epoch run, so no snapshot is saved
+    train_lora(_examples(), replace(cfg, lr_scheduler="linear"), tmp_path / "lin3", base_model=tiny_model,
+               snapshots={2: tmp_path / "lin2"})
+    assert not (tmp_path / "lin2").exists()
 
 
 def test_continue_and_restart_from_previous_adapter(tiny_model, tmp_path):

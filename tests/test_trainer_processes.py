@@ -46,7 +46,7 @@ def test_two_processes_train_the_adapter_one_process_trains(tiny_model, tmp_path
     lines: list[str] = []
     one = fit_adapter(_examples(), CFG, tmp_path / "one", base_model=tiny_model, processes=1)
     two = fit_adapter(_examples(), CFG, tmp_path / "two", base_model=tiny_model, processes=2,
-                      progress=lines.append)
+                      progress=lines.append, snapshots={1: tmp_path / "two-e1"})
     a, b = one.stats, two.stats
     assert (a["summary"]["processes"], b["summary"]["processes"]) == (1, 2)
     assert a["run_hash"] == b["run_hash"]  # the number of processes is not part of what is trained
@@ -68,7 +68,9 @@ def test_two_processes_train_the_adapter_one_process_trains(tiny_model, tmp_path
         assert eb["mean_logp_before"] == pytest.approx(ea["mean_logp_before"], abs=1e-5)
         assert eb["mean_logp_after"] == pytest.approx(ea["mean_logp_after"], abs=1e-5)
     assert sum("done: loss" in x for x in lines) == 4  # rank 0's progress, once per step
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no temporary folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two", "two-e1"]  # no temporary folder left behind
+    snap = json.loads((tmp_path / "two-e1" / STATS_FILE).read_text())  # the 1-epoch run, saved by rank 0 on the way
+    assert snap["steps"] == b["steps"][:2] and snap["config"]["epochs"] == 1 and snap["summary"]["processes"] == 2
     assert json.loads((two.adapter_dir / STATS_FILE).read_text())["weights_sha256"] == b["weights_sha256"]
     again = fit_adapter(_examples(), CFG, tmp_path / "two", base_model=tiny_model, processes=2)
     assert again.reused and again.stats["run_hash"] == b["run_hash"]  # found before any launch

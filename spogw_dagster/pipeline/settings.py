@@ -369,12 +369,40 @@ class SelectionSection(_Section):
     otherwise π_{k-1} is carried forward as checkpoint k and the trained adapter stays beside it as
     `lora_checkpoint/<k>.trained` (a rerun reuses it; `spogw gc` keeps it while partition k exists). The trainer
     never sees this section: turning it on or off copies the identical finished run between `<k>` and
-    `<k>.trained` rather than training again."""
+    `<k>.trained` rather than training again.
+
+    `epochs` (a list; None: training.epochs alone) also picks the training length on validation: the iteration
+    trains once per entry (the entry equal to training.epochs in `<k>.trained`, the others in
+    `<k>.trained.e<N>`), every trained adapter writes its greedy validation workflows beside π_{k-1}'s, and
+    the one with the highest answer score is the candidate the rule above judges (a tie goes to the entry listed
+    first). Which length suits an iteration's data differs by training seed (docs/methods.md)."""
 
     enabled: bool = False
     min_delta: float = Field(0.0, ge=-1.0, le=1.0)
     runs: int | None = Field(None, ge=1, le=16)
     seed: int = 0
+    epochs: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "SelectionSection":
+        if self.epochs is not None:
+            if not self.epochs or any(e < 1 or e > 100 for e in self.epochs):
+                raise ValueError(f"selection.epochs={list(self.epochs)}: give one or more epoch counts between 1 "
+                                 "and 100, e.g. [2, 3], or leave it unset to train training.epochs alone")
+            if len(set(self.epochs)) != len(self.epochs):
+                raise ValueError(f"selection.epochs={list(self.epochs)} repeats a length; list each once")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        d = handler(self)
+        if isinstance(d, dict) and d.get("epochs") is None:  # unset: gated configs keep their hashes
+            d.pop("epochs", None)
+        return d
+
+    def lengths(self, training_epochs: int) -> tuple[int, ...]:
+        """The training lengths the gate chooses among, in tie-break order."""
+        return self.epochs if self.epochs is not None else (training_epochs,)
 
 
 class RefinementSection(_Section):
@@ -506,6 +534,9 @@ class SpogwConfig(BaseModel):
                 raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
+        if self.selection.epochs is not None and not self.selection.enabled:
+            raise ValueError(f"selection.epochs={list(self.selection.epochs)} picks the training length on "
+                             "validation, and selection is off; set selection.enabled: true, or remove epochs")
         if self.generator.anchors and self.refinement.enabled:
             raise ValueError("generator.anchors with W4S refinement (refinement.turns > 1): a turn's candidates are "
                              "sampled from the state's prompt, which shows no anchors; set one of them off")

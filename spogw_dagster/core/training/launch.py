@@ -46,13 +46,15 @@ def fit_adapter(
     processes: int = 1,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    snapshots: Mapping[int, str | os.PathLike[str]] | None = None,
 ) -> TrainResult:
-    """Train the adapter in this process (processes = 1) or across `processes` launched by accelerate."""
+    """Train the adapter in this process (processes = 1) or across `processes` launched by accelerate;
+    `snapshots`: shorter runs to save on the way (`train_lora`)."""
     if processes < 1:
         raise ValueError(f"processes={processes}: must be at least 1")
     if processes == 1:
         return train_lora(examples, cfg, output_dir, base_model=base_model, previous_adapter=previous_adapter,
-                          log=log, progress=progress)
+                          log=log, progress=progress, snapshots=snapshots)
     out = Path(output_dir).expanduser().resolve()
     if (done := finished_run(examples, cfg, out, base_model, previous_adapter)) is not None:
         return TrainResult(out, done, reused=True)  # no launch for a run that is already there (or bad input)
@@ -60,7 +62,7 @@ def fit_adapter(
     _check_devices(cfg, processes)
     job = Path(tempfile.mkdtemp(prefix="spogw-train-job-"))
     try:
-        _write_job(job, exs, cfg, out, base_model, previous_adapter)
+        _write_job(job, exs, cfg, out, base_model, previous_adapter, snapshots)
         _run(launch_command(job, processes), processes, progress)
         result = json.loads((job / RESULT_FILE).read_text())
     finally:
@@ -92,13 +94,15 @@ def _check_devices(cfg: TrainConfig, processes: int) -> None:
                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); fix: processes <= {gpus}")
 
 
-def _write_job(job: Path, exs: Sequence[TrainExample], cfg: TrainConfig, out: Path, base_model, previous) -> None:
+def _write_job(job: Path, exs: Sequence[TrainExample], cfg: TrainConfig, out: Path, base_model, previous,
+               snapshots: Mapping[int, str | os.PathLike[str]] | None = None) -> None:
     with open(job / EXAMPLES_FILE, "w") as f:
         for e in exs:
             f.write(json.dumps(e.canonical()) + "\n")
     (job / JOB_FILE).write_text(json.dumps({
         "config": cfg.to_dict(), "output_dir": str(out), "base_model": str(base_model),
-        "previous_adapter": None if previous is None else str(previous)}))
+        "previous_adapter": None if previous is None else str(previous),
+        "snapshots": {str(e): str(p) for e, p in (snapshots or {}).items()}}))
 
 
 def _run(cmd: list[str], processes: int, progress: Callable[[str], None] | None) -> None:
@@ -156,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         exs = [TrainExample.from_dict(json.loads(line)) for line in f if line.strip()]
     res = train_lora(exs, TrainConfig.from_dict(spec["config"]), spec["output_dir"], base_model=spec["base_model"],
                      previous_adapter=spec["previous_adapter"],
-                     progress=lambda msg: print(PROGRESS + msg, flush=True))
+                     progress=lambda msg: print(PROGRESS + msg, flush=True),
+                     snapshots={int(e): p for e, p in spec.get("snapshots", {}).items()})
     if int(os.environ.get("RANK", "0")) == 0:
         (job / RESULT_FILE).write_text(json.dumps({"reused": res.reused}))
     shutdown()

@@ -50,9 +50,11 @@ class OptimizeRun:
 
 def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, device,
               log: Callable[[dict[str, Any]], None] | None,
-              progress: Callable[[str], None] | None = None, dist: Dist = SINGLE) -> OptimizeRun:
+              progress: Callable[[str], None] | None = None, dist: Dist = SINGLE,
+              epoch_end: Callable[[int, OptimizeRun], None] | None = None) -> OptimizeRun:
     """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows.
-    `progress` gets a line as each step starts and ends (what a watcher, or the fault suite, waits on)."""
+    `progress` gets a line as each step starts and ends (what a watcher, or the fault suite, waits on);
+    `epoch_end(epochs done, run so far)` is called after each epoch (`core.training.snapshots`)."""
 
     opt = torch.optim.AdamW(
         params, lr=cfg.learning_rate, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
@@ -81,6 +83,9 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
                 log(st)
             if progress is not None:
                 progress(f"{where} done: loss {st.get('loss', float('nan')):.4g}")
+        run.seconds = time.perf_counter() - t_train
+        if epoch_end is not None:
+            epoch_end(epoch + 1, run)
     run.seconds = time.perf_counter() - t_train
     return run
 

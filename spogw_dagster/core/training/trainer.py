@@ -56,6 +56,7 @@ from spogw_dagster.core.training.identity import finished_run_stats, identify_ru
 from spogw_dagster.core.training.logprobs import score_completions
 from spogw_dagster.core.training.optimize import optimize
 from spogw_dagster.core.training.passes import device_for, log_prob_shift, reference_passes, shared_path
+from spogw_dagster.core.training.snapshots import plan as plan_snapshots
 from spogw_dagster.models import load_model_and_tokenizer
 
 __all__ = ["train_lora", "score_examples"]
@@ -70,8 +71,12 @@ def train_lora(
     reuse_existing: bool = True,
     log: Callable[[dict[str, Any]], None] | None = None,
     progress: Callable[[str], None] | None = None,
+    snapshots: Mapping[int, str | os.PathLike[str]] | None = None,
 ) -> TrainResult:
     """Train one LoRA adapter on an offline dataset and save it atomically to `output_dir`.
+
+    `snapshots` ({epochs: folder}): shorter runs to save on the way, each as the finished run of that length,
+    where that is exact (`core.training.snapshots`; otherwise ignored).
 
     Stages: identify the run (and reuse an identical finished one) → tokenize → π_old / π_ref → the trainable
     adapter → optimize → (optionally) how the log-probs moved → save.
@@ -86,6 +91,7 @@ def train_lora(
     run_hash = sha(hashes)
     if reuse_existing and (done := finished_run_stats(out, run_hash)) is not None:
         return TrainResult(out, done, reused=True)
+    snaps = plan_snapshots(snapshots, cfg, exs, folder, prev)
 
     t_start = time.perf_counter()
     dist = from_environment(cpu=device_for(cfg).type == "cpu")
@@ -102,30 +108,37 @@ def train_lora(
     model = reference_passes(model, rows, prev, cfg, tok.pad_token_id, device, dist)
     precompute_s = time.perf_counter() - t0
     model, params = trainable_adapter(model, prev, cfg, device)
-    run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist)
-    per_example, moved = (log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
-                          if cfg.eval_after else ([], {}))
-    stats = {
-        "run_hash": run_hash,
-        "hashes": hashes,
-        "config": cfg.to_dict(),
+    common = {
         "base_model": str(folder),
         "previous_adapter": str(prev) if prev is not None else None,
         "n_examples": len(items),
         "n_train_rows": len(rows),  # unique workflows with aggregate_unique (GRPO family), else n_examples
         "n_trainable_params": sum(p.numel() for p in params),
-        "steps": run.steps,
-        "summary": {
-            **run.summary(),
-            "precompute_seconds": round(precompute_s, 3),
-            "logprob_temperature": cfg.logprob_T,
-            "total_seconds": round(time.perf_counter() - t_start, 3),
-            "device": str(device),
-            "processes": dist.world,
-            **moved,
-        },
-        "examples": per_example,
     }
+
+    def summary(run, **extra) -> dict[str, Any]:
+        return {**run.summary(), "precompute_seconds": round(precompute_s, 3), "logprob_temperature": cfg.logprob_T,
+                "total_seconds": round(time.perf_counter() - t_start, 3), "device": str(device),
+                "processes": dist.world, **extra}
+
+    def epoch_end(epochs: int, run) -> None:
+        if (snap := snaps.get(epochs)) is None:
+            return
+        per_example, moved = [], {}
+        if cfg.eval_after:  # the shorter run's own after pass (no-grad, eval mode: it draws no dropout mask)
+            per_example, moved = log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
+            model.train()
+        if dist.main:
+            save_adapter(model, snap.out, folder, {
+                "run_hash": snap.run_hash, "hashes": snap.hashes, "config": replace(cfg, epochs=epochs).to_dict(),
+                **common, "steps": list(run.steps), "summary": summary(run, **moved), "examples": per_example,
+                "snapshot_of_epochs": cfg.epochs})
+
+    run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end)
+    per_example, moved = (log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
+                          if cfg.eval_after else ([], {}))
+    stats = {"run_hash": run_hash, "hashes": hashes, "config": cfg.to_dict(), **common, "steps": run.steps,
+             "summary": summary(run, **moved), "examples": per_example}
     if dist.main:
         save_adapter(model, out, folder, stats)
     dist.barrier()  # the other ranks return once the folder is in place

@@ -144,10 +144,17 @@ def copy_adapter(src: str | os.PathLike[str], out: str | os.PathLike[str], stats
         raise
 
 
-def trained_dir(store: AssetStore, partition: str) -> Path:
+def trained_dir(store: AssetStore, partition: str, epochs: int | None = None) -> Path:
     """Where iteration `partition` trains when checkpoint selection is on: beside its checkpoint folder, so a
-    rejected adapter is kept (and a rerun reuses it) while the parent is carried forward as the checkpoint."""
-    return store.adapter_dir(partition).with_name(partition + TRAINED_SUFFIX)
+    rejected adapter is kept (and a rerun reuses it) while the parent is carried forward as the checkpoint.
+    `epochs`: a training length other than training.epochs that the gate also tries (`<k>.trained.e<N>`)."""
+    name = partition + TRAINED_SUFFIX + ("" if epochs is None else f".e{epochs}")
+    return store.adapter_dir(partition).with_name(name)
+
+
+def folder_partition(name: str) -> str:
+    """The partition an adapter folder of lora_checkpoint belongs to: `<k>`, `<k>.trained`, `<k>.trained.e<N>`."""
+    return name.split(".", 1)[0]
 
 
 def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -> None:

@@ -284,6 +284,7 @@ CHECKPOINT_SCHEMA: dict[str, pl.DataType] = {
     "selected": pl.Boolean(),
     "validation_answer": pl.Float64(),
     "validation_parent_answer": pl.Float64(),
+    "selected_epochs": pl.Int64(),  # the training length the gate judged (the best on validation of selection.epochs)
 }
 
 

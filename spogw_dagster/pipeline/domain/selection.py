@@ -5,14 +5,16 @@ becomes checkpoint k only if, greedy on the validation queries, its answer score
 One iteration's choice of workflow structure rests on a handful of samples (runs C, E and F of the `answers`
 profile saw the same completions and ended at 6, 40 and 0 ensemble workflows out of 40), so a policy can come
 out of training below its parent; this keeps such a policy from becoming the next parent or the reported
-checkpoint, judged on queries the report never scores. No Dagster here: the asset turns errors into failures.
+checkpoint, judged on queries the report never scores. With several training lengths (`selection.epochs`), every
+trained adapter is scored in the same pass and the best on validation is the candidate (`best_length`).
+No Dagster here: the asset turns errors into failures.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import polars as pl
 
@@ -20,7 +22,7 @@ from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.domain.errors import DomainError
 
-__all__ = ["Verdict", "decide", "validation_config", "score_validation", "verdict_of"]
+__all__ = ["Verdict", "best_length", "decide", "validation_config", "score_validation", "verdict_of"]
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,18 @@ class Verdict:
     ci_high: float | None
     queries: int
     min_delta: float
+    epochs: int | None = None  # the candidate's training length
+    tried: tuple[tuple[int, float], ...] = ()  # (epochs, greedy validation answer) of every length trained
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def sentence(self, parent_system: str) -> str:
         ci = "" if self.ci_low is None else f" [{self.ci_low:+.3f}, {self.ci_high:+.3f}]"
-        return (f"validation (greedy, {self.queries} queries): trained {self.candidate:.3f} vs {parent_system} "
+        lengths = "" if len(self.tried) < 2 else (
+            "training lengths " + ", ".join(f"{e} epochs {v:.3f}" for e, v in self.tried)
+            + f": {self.epochs} epochs is the candidate; ")
+        return (lengths + f"validation (greedy, {self.queries} queries): trained {self.candidate:.3f} vs {parent_system} "
                 f"{self.parent:.3f}, Δ {self.delta:+.3f}{ci}; "
                 + ("kept" if self.keep else f"below min_delta {self.min_delta:+.3f}: {parent_system} carried forward"))
 
@@ -47,6 +54,18 @@ class Verdict:
 def decide(delta: float, min_delta: float) -> bool:
     """Keep the trained adapter when its paired gain over π_{k-1} reaches min_delta (a tie keeps it at 0)."""
     return delta >= min_delta - 1e-12  # a mean of 0/1 scores: no float noise may turn a tie into a rejection
+
+
+def best_length(tried: Sequence[tuple[int, float]]) -> int:
+    """The index of the training length with the highest validation answer score; a tie goes to the one listed
+    first (`selection.epochs` order)."""
+    if not tried:
+        raise DomainError("no trained adapter to choose among; fix: check selection.epochs")
+    best = 0
+    for i, (_, v) in enumerate(tried):
+        if v > tried[best][1] + 1e-12:  # means of 0/1 scores: float noise must not break a tie
+            best = i
+    return best
 
 
 def validation_config(cfg):
@@ -59,13 +78,13 @@ def validation_config(cfg):
     return cfg.model_copy(update={"report": report})
 
 
-def score_validation(pipeline, candidate: ho.Policy, parent: ho.Policy, cfg, *, iteration: int,
+def score_validation(pipeline, candidates: Sequence[ho.Policy], parent: ho.Policy, cfg, *, iteration: int,
                      say=lambda msg: None) -> tuple[pl.DataFrame, ho.Scored, int]:
-    """Score both policies greedy on the validation split; returns (the long-format report of the two, the
-    scored rows, the number of queries). The caller checks the executor outage rule, then `verdict_of`."""
+    """Score the trained adapters and π_{k-1} greedy on the validation split; returns (the long-format report,
+    the scored rows, the number of queries). The caller checks the executor outage rule, then `verdict_of`."""
     vcfg = validation_config(cfg)
     problems, info = ho.heldout_problems(vcfg)
-    scored = ho.score(pipeline, [candidate, parent], problems, vcfg, iteration=iteration, split="validation",
+    scored = ho.score(pipeline, [*candidates, parent], problems, vcfg, iteration=iteration, split="validation",
                       say=say)
     report = report_stats.summarize_heldout(scored.heldout, iteration=iteration, config_hash=cfg.hash,
                                             split_ids_sha256=info["ids_sha256"],
@@ -73,9 +92,11 @@ def score_validation(pipeline, candidate: ho.Policy, parent: ho.Policy, cfg, *, 
     return report, scored, len(problems)
 
 
-def verdict_of(report: pl.DataFrame, min_delta: float, queries: int) -> Verdict:
-    """The verdict from the validation report's greedy answer-score rows (candidate = kind checkpoint)."""
-    cand = report_stats.metric_row(report, "checkpoint", "answer_score", "greedy")
+def verdict_of(report: pl.DataFrame, min_delta: float, queries: int, system: str | None = None) -> Verdict:
+    """The verdict from the validation report's greedy answer-score rows (candidate: `system`, else the first of
+    kind checkpoint)."""
+    cand = report_stats.metric_row(report if system is None else report.filter(pl.col("system") == system),
+                                   "checkpoint", "answer_score", "greedy")
     prev = report_stats.metric_row(report, "previous", "answer_score", "greedy")
     if cand is None or prev is None or cand["diff_vs_prev"] is None:
         raise DomainError("the validation report has no paired greedy answer score of the trained adapter and its "

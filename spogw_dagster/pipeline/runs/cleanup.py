@@ -1,5 +1,5 @@
 """`spogw gc`: remove what no partition references from an assets directory — adapter folders of
-lora_checkpoint partitions whose table row is gone (with the `<k>.trained` folder checkpoint selection keeps), comparison adapters of methods no objective_comparison
+lora_checkpoint partitions whose table row is gone (with the `<k>.trained` and `<k>.trained.e<N>` folders checkpoint selection keeps), comparison adapters of methods no objective_comparison
 table lists, and what killed writers left (`.tmp-*`, `.trash-*`). Tables, the call cache, the baseline cache
 and the DuckDB catalog are never touched (each is either referenced or a cache that a rerun reuses).
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from spogw_dagster.pipeline.data.checkpoints import TRAINED_SUFFIX
+from spogw_dagster.pipeline.data.checkpoints import folder_partition
 from spogw_dagster.pipeline.data.locks import assets_dir_lock
 from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir, sweep_temp_files
 
@@ -39,7 +39,7 @@ def find_garbage(store: AssetStore) -> Garbage:
     if adapters.is_dir():
         keep = set(store.partitions("lora_checkpoint"))
         g.adapters = sorted(d for d in adapters.iterdir() if d.is_dir() and not d.name.startswith(".")
-                            and d.name.removesuffix(TRAINED_SUFFIX) not in keep)
+                            and folder_partition(d.name) not in keep)
     comp = store.root / COMPARISON_DIR
     if comp.is_dir():
         listed = {key: set(_methods(store, key)) for key in store.partitions("objective_comparison")}

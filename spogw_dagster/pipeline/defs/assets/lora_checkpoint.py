@@ -4,11 +4,14 @@ candidate set instead (sampled_workflows joined with execution_scores), as their
 ScoreFlow's pairs, rwr W4S's every-candidate-once (`training_inputs.training_data`). With no training data, or data
 on fewer than `training.min_queries` queries, the parent policy is carried forward unchanged, so iteration k+1 still has a checkpoint to sample from. With `selection` on,
 the trained adapter becomes checkpoint k only if it beats π_{k-1} on the validation split (`domain/selection.py`);
-otherwise π_{k-1} is carried forward the same way and the trained adapter stays in `<k>.trained`.
+otherwise π_{k-1} is carried forward the same way and the trained adapter stays in `<k>.trained`. With
+`selection.epochs` it trains once per listed length (`<k>.trained.e<N>` beside `<k>.trained`) and the best of them
+on validation is the one judged.
 
 Side table `training_rows` (one Parquet per iteration partition, a DuckDB view like heldout_results): the
 rows each objective trained on, e.g. `select objective, role, count(*) from training_rows group by all`."""
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -57,13 +60,14 @@ def lora_checkpoint(context: dg.AssetExecutionContext, pipeline: PipelineResourc
     examples, used, narrow = training_inputs.iteration_training_data(
         tcfg, cfg.training.min_queries, sharpened_groups, sampled_workflows, execution_scores, key_to_int(key))
     out = store.adapter_dir(key)
-    gated = cfg.selection.enabled and bool(examples)  # with nothing trained there is nothing to select
-    target, other = (trained_dir(store, key), out) if gated else (out, trained_dir(store, key))
-    if examples:
-        _adopt_finished_run(examples, tcfg, cfg.generator.model, target, other, parent)
-    stats, reused = _train_or_carry(context, cfg, examples, target, parent, narrow)
-    verdict = _select(context, pipeline, key, parent) if gated else None
-    if not gated:  # an earlier gated run's validation rows do not describe this checkpoint
+    verdict = None
+    if cfg.selection.enabled and examples:  # with nothing trained there is nothing to select
+        stats, reused, verdict = _train_and_select(context, pipeline, tcfg, examples, key, parent)
+    else:
+        if examples:
+            _adopt_finished_run(examples, tcfg, cfg.generator.model, out, trained_dir(store, key), parent)
+        stats, reused = _train_or_carry(context, cfg, tcfg, examples, out, parent, narrow)
+        # an earlier gated run's validation rows do not describe this checkpoint
         store.parquet_path(SELECTION_RESULTS, key).unlink(missing_ok=True)
     write_training_rows(store, key, used)  # after the adapter: a kill mid-training leaves neither
     row = _row(key_to_int(key), out, parent, stats, reused, len(examples), tcfg.objective, verdict)
@@ -88,26 +92,56 @@ def _adopt_finished_run(examples: list, tcfg, base_model: str, target: Path, oth
         copy_adapter(other, target)
 
 
-def _select(context, pipeline: PipelineResource, key: str, parent) -> selection.Verdict:
-    """The validation gate: the trained adapter (in `<key>.trained`) against π_{k-1}; copy it to the checkpoint
-    folder if kept, else carry π_{k-1} forward there. The per-query rows go to the `selection_results` table."""
+def _train_and_select(context, pipeline: PipelineResource, tcfg, examples: list, key: str, parent):
+    """Train each training length the gate tries (`selection.epochs`; unset: training.epochs) beside the
+    checkpoint folder, then let `_select` choose. The longest trains first and saves the shorter ones on the way
+    where that is exact (`core.training.snapshots`); the others train on their own. Returns the chosen length's
+    (stats, reused) and the verdict."""
+    cfg, store = pipeline.config(), pipeline.store()
+    lengths = cfg.selection.lengths(tcfg.epochs)
+    # training.epochs trains where selection without lengths does (`<k>.trained`), the others in `.e<N>`
+    folders = {e: trained_dir(store, key, None if e == tcfg.epochs else e) for e in lengths}
+    configs = {e: tcfg if e == tcfg.epochs else dataclasses.replace(tcfg, epochs=e) for e in lengths}
+    prev = parent.path if parent else None
+    if tcfg.epochs in folders:
+        _adopt_finished_run(examples, tcfg, cfg.generator.model, folders[tcfg.epochs], store.adapter_dir(key), parent)
+    done_before = {e: finished_run(examples, configs[e], folders[e], cfg.generator.model, prev) is not None
+                   for e in lengths}
+    longest = max(lengths)
+    results = {}
+    for e in sorted(lengths, key=lambda e: e != longest):
+        shorter = {s: folders[s] for s in lengths if s < e and not done_before[s]} if e == longest else None
+        results[e] = _train_or_carry(context, cfg, configs[e], examples, folders[e], parent, snapshots=shorter)
+    verdict = _select(context, pipeline, key, parent, [(e, folders[e]) for e in lengths])
+    return results[verdict.epochs][0], done_before[verdict.epochs], verdict
+
+
+def _select(context, pipeline: PipelineResource, key: str, parent, trained: list[tuple[int, Path]]) -> selection.Verdict:
+    """The validation gate: the trained adapters (training length, folder) against π_{k-1}; the best of them on
+    validation is the candidate (`selection.best_length`); copy it to the checkpoint folder if kept, else carry
+    π_{k-1} forward there. The per-query rows of every policy go to the `selection_results` table."""
     cfg, store, k = pipeline.config(), pipeline.store(), key_to_int(key)
-    trained, out = trained_dir(store, key), store.adapter_dir(key)
-    cand = ho.Policy(f"trained@{key}", "checkpoint", trained, k, adapter_sha256(trained))
+    out = store.adapter_dir(key)
+    default = cfg.train_config().epochs
+    cands = [ho.Policy(f"trained@{key}" + ("" if e == default else f".e{e}"), "checkpoint", folder, k,
+                       adapter_sha256(folder)) for e, folder in trained]
     prev = ho.previous_policy(parent)
     with failures.as_failure():
-        report, scored, n = selection.score_validation(pipeline, cand, prev, cfg, iteration=k,
+        report, scored, n = selection.score_validation(pipeline, cands, prev, cfg, iteration=k,
                                                        say=lambda m: say(context, m))
     failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
                             cache_path=pipeline.cache_path())
     with failures.as_failure():
-        verdict = selection.verdict_of(report, cfg.selection.min_delta, n)
+        verdicts = [selection.verdict_of(report, cfg.selection.min_delta, n, system=c.system) for c in cands]
+        tried = tuple((e, v.candidate) for (e, _), v in zip(trained, verdicts))
+        best = selection.best_length(tried)
+    verdict = dataclasses.replace(verdicts[best], epochs=trained[best][0], tried=tried)
     store.write_parquet(SELECTION_RESULTS, key, scored.heldout)
     refresh_catalog(store)
     said = verdict.sentence(prev.system)
     say(context, said)
     if verdict.keep:
-        copy_adapter(trained, out)
+        copy_adapter(trained[best][1], out)
     else:
         carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model, reason=said)
     return verdict
@@ -129,25 +163,23 @@ def _rows_summary(rows: pl.DataFrame) -> dict[str, Any]:
             "queries": rows["query_id"].n_unique()}
 
 
-def _train_or_carry(context, cfg, examples: list, out: Path, parent,
-                    narrow: str | None = None) -> tuple[dict[str, Any], bool]:
-    """Train on the examples; without any, carry the parent adapter forward, saying why (`narrow`: the data
-    covered too few queries). Returns (training stats, reused)."""
+def _train_or_carry(context, cfg, tcfg, examples: list, out: Path, parent,
+                    narrow: str | None = None, snapshots: dict | None = None) -> tuple[dict[str, Any], bool]:
+    """Train on the examples with `tcfg` (saving `snapshots` on the way); without any, carry the parent adapter
+    forward, saying why (`narrow`: the data covered too few queries). Returns (training stats, reused)."""
 
-
-    tcfg = cfg.train_config()
     if not examples:
         reason = narrow or tcfg.spec.no_data  # else the objective's own words (core.training.registry)
         context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
                             "checkpoint")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
                              reason=reason), False
-    say(context, f"training {tcfg.objective} on {len(examples)} examples "
+    say(context, f"training {tcfg.objective} for {tcfg.epochs} epoch(s) on {len(examples)} examples "
                  f"(previous adapter: {parent.partition if parent else 'none'})")
     res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
                       previous_adapter=parent.path if parent else None, processes=cfg.training.processes,
                       log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
-                      progress=lambda msg: say(context, msg))
+                      progress=lambda msg: say(context, msg), snapshots=snapshots)
     return res.stats, res.reused
 
 
@@ -167,6 +199,7 @@ def _row(k: int, out: Path, parent, stats: dict[str, Any], reused: bool, n_examp
         "selected": None if verdict is None else verdict.keep,
         "validation_answer": None if verdict is None else verdict.candidate,
         "validation_parent_answer": None if verdict is None else verdict.parent,
+        "selected_epochs": None if verdict is None else verdict.epochs,
     }
 
 
