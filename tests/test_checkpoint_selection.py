@@ -67,12 +67,14 @@ def test_the_verdict_pairs_queries_and_leaves_executor_errors_out():
     assert "carried forward" in v.sentence("base")
 
 
-def test_the_best_training_length_wins_and_a_tie_goes_to_the_first_listed():
-    assert selection.best_length([(2, 0.5), (3, 0.625)]) == 1
-    assert selection.best_length([(2, 0.5625), (3, 0.5)]) == 0
-    assert selection.best_length([(3, 0.5), (2, 0.5)]) == 0  # listed first, not fewer epochs
-    assert selection.best_length([(2, 0.3 - 0.2), (3, 0.1)]) == 0  # a float tie is a tie
-    assert selection.best_length([(1, 0.0), (2, 0.25), (3, 0.25)]) == 1
+def test_the_length_with_the_largest_paired_gain_wins_and_a_tie_goes_to_the_first_listed():
+    # (epochs, validation answer, paired Δ vs π_{k-1}): the gain decides, not the raw answer
+    assert selection.best_length([(2, 0.5, 0.0625), (3, 0.625, 0.1875)]) == 1
+    assert selection.best_length([(2, 0.5625, 0.125), (3, 0.5, 0.0625)]) == 0
+    assert selection.best_length([(2, 0.6, 0.0), (3, 0.5, 0.05)]) == 1  # 2 epochs met fewer executor errors
+    assert selection.best_length([(3, 0.5, 0.0), (2, 0.5, 0.0)]) == 0  # listed first, not fewer epochs
+    assert selection.best_length([(2, 0.1, 0.3 - 0.2), (3, 0.1, 0.1)]) == 0  # a float tie is a tie
+    assert selection.best_length([(1, 0.0, -0.25), (2, 0.25, 0.0), (3, 0.25, 0.0)]) == 1
     with pytest.raises(DomainError, match="selection.epochs"):
         selection.best_length([])
 
@@ -88,9 +90,13 @@ def test_each_training_length_gets_its_own_verdict_from_one_report():
     v3 = selection.verdict_of(report, 0.0, 4, system="trained@0000.e3")
     assert (v2.candidate, v2.delta) == (pytest.approx(0.5), pytest.approx(0.25))
     assert (v3.candidate, v3.delta) == (pytest.approx(0.75), pytest.approx(0.5))
-    assert selection.best_length([(2, v2.candidate), (3, v3.candidate)]) == 1
-    said = dataclasses.replace(v3, epochs=3, tried=((2, v2.candidate), (3, v3.candidate))).sentence("base")
-    assert said.startswith("training lengths 2 epochs 0.500, 3 epochs 0.750: 3 epochs is the candidate")
+    tried = ((2, v2.candidate, v2.delta), (3, v3.candidate, v3.delta))
+    assert selection.best_length(tried) == 1
+    said = dataclasses.replace(v3, epochs=3, tried=tried).sentence("base")
+    assert said.startswith("training lengths 2 epochs 0.500 (Δ +0.250), 3 epochs 0.750 (Δ +0.500): 3 epochs is "
+                           "the candidate")
+    with pytest.raises(DomainError, match="trained@0000.e4"):
+        selection.verdict_of(report, 0.0, 4, system="trained@0000.e4")
 
 
 def test_no_pair_is_an_error_that_says_so_not_a_verdict():
@@ -162,10 +168,10 @@ def test_gc_keeps_the_trained_folders_of_a_live_partition_only(tmp_path):
     store = AssetStore(tmp_path)
     ck = store.table_dir("lora_checkpoint")
     for name in ("0000", "0000" + TRAINED_SUFFIX, "0000" + TRAINED_SUFFIX + ".e3", "0001" + TRAINED_SUFFIX,
-                 "0001" + TRAINED_SUFFIX + ".e3"):
+                 "0001" + TRAINED_SUFFIX + ".e3", "0000.other"):
         (ck / name).mkdir(parents=True)
     store.write_parquet("lora_checkpoint", "0000", tables.checkpoint_frame({"iteration": 0}))
-    assert [p.name for p in find_garbage(store).adapters] == ["0001" + TRAINED_SUFFIX, "0001.trained.e3"]
+    assert [p.name for p in find_garbage(store).adapters] == ["0000.other", "0001" + TRAINED_SUFFIX, "0001.trained.e3"]
 
 
 @pytest.mark.model
@@ -201,7 +207,11 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
         after_kept = adapter_sha256(store.adapter_dir("0000"))
         rows = query(store, "select system, split, count(*) from selection_results group by all order by 1")
         lengths = run(inst, -1.0, only=[dg.AssetKey("lora_checkpoint")], epochs=[1, 3, 2])
-        scores = dict(query(store, "select system, avg(answer_score) from selection_results group by all"))
+        # each length's paired gain over the parent, by hand: the queries where both have a non-error answer
+        gains = dict(query(store, """select c.system, avg(c.answer_score - p.answer_score) from selection_results c
+            join selection_results p on c.query_id = p.query_id and p.system = 'base'
+            where c.system <> 'base' and c.status <> 'executor_error' and p.status <> 'executor_error'
+            group by all"""))
         (store.adapter_dir("0000") / "training_stats.json").unlink()  # <k> no longer a finished run: only .trained is
         off_again = run(inst, None, only=[dg.AssetKey("lora_checkpoint")])
 
@@ -231,13 +241,14 @@ def test_lora_checkpoint_refuses_then_keeps_the_trained_adapter(tmp_path):
     assert len({ungated["run_hash"], st[2]["run_hash"], st[3]["run_hash"]}) == 3
     assert adapter_sha256(trained) == after_kept  # the 1-epoch adapter untouched
     system = {1: "trained@0000", 2: "trained@0000.e2", 3: "trained@0000.e3"}
-    assert set(scores) == {"base", *system.values()}
-    tried = [(e, scores[system[e]]) for e in (1, 3, 2)]
-    pick = tried[selection.best_length(tried)][0]
+    assert set(gains) == set(system.values())
+    best = max(gains[system[e]] for e in (1, 3, 2))
+    pick = next(e for e in (1, 3, 2) if gains[system[e]] >= best - 1e-12)  # listed order breaks a tie
     assert lengths["selected"] is True and lengths["selected_epochs"] == pick
     assert lengths["adapter_sha256"] == adapter_sha256(folder[pick])
-    assert lengths["validation_answer"] == pytest.approx(scores[system[pick]])
+    assert lengths["validation_answer"] - lengths["validation_parent_answer"] == pytest.approx(gains[system[pick]])
     assert lengths["reused"] == (pick == 1)
+    assert refused["selected_epochs"] == kept["selected_epochs"] == 1  # no lengths listed: training.epochs
     # selection off again: the finished run is copied back from .trained (no training), and the gate's rows,
     # which no longer describe this checkpoint, are gone
     assert off_again["reused"] and off_again["selected"] is None and off_again["adapter_sha256"] == after_kept

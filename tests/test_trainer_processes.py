@@ -14,6 +14,7 @@ other one, then one rank runs none (it adds zeros to the sum)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
@@ -68,17 +69,23 @@ def test_two_processes_train_the_adapter_one_process_trains(tiny_model, tmp_path
         assert eb["mean_logp_before"] == pytest.approx(ea["mean_logp_before"], abs=1e-5)
         assert eb["mean_logp_after"] == pytest.approx(ea["mean_logp_after"], abs=1e-5)
     assert sum("done: loss" in x for x in lines) == 4  # rank 0's progress, once per step
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two", "two-e1"]  # no temporary folder left behind
-    snap = json.loads((tmp_path / "two-e1" / STATS_FILE).read_text())  # the 1-epoch run, saved by rank 0 on the way
-    assert snap["steps"] == b["steps"][:2] and snap["config"]["epochs"] == 1 and snap["summary"]["processes"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two", "two-e1"]  # no temporary folder left
+    # the 1-epoch run, saved by rank 0 on the way: the 1-epoch run of one process, and found as that run
+    one_e1 = fit_adapter(_examples(), replace(CFG, epochs=1), tmp_path / "one-e1", base_model=tiny_model)
+    t1, t2 = (load_file(str(d / "adapter_model.safetensors")) for d in (one_e1.adapter_dir, tmp_path / "two-e1"))
+    assert max(float((t1[k] - t2[k]).abs().max()) for k in t1) < 1e-3 * scale
+    snap = json.loads((tmp_path / "two-e1" / STATS_FILE).read_text())
+    assert snap["run_hash"] == one_e1.stats["run_hash"] and snap["summary"]["processes"] == 2
+    for e1, e2 in zip(one_e1.stats["examples"], snap["examples"]):  # its own after pass, on both ranks
+        assert e2["mean_logp_after"] == pytest.approx(e1["mean_logp_after"], abs=1e-5)
+    assert fit_adapter(_examples(), replace(CFG, epochs=1), tmp_path / "two-e1", base_model=tiny_model,
+                       processes=2).reused
     assert json.loads((two.adapter_dir / STATS_FILE).read_text())["weights_sha256"] == b["weights_sha256"]
     again = fit_adapter(_examples(), CFG, tmp_path / "two", base_model=tiny_model, processes=2)
     assert again.reused and again.stats["run_hash"] == b["run_hash"]  # found before any launch
 
 
 def test_a_failure_inside_the_processes_is_an_error_with_its_cause(tiny_model, tmp_path):
-    from dataclasses import replace
-
     bad = replace(CFG, target_modules=("no_such_proj",))
     with pytest.raises(RuntimeError, match=r"(?s)training on 2 processes failed.*no_such_proj.*training.processes: 1"):
         fit_adapter(_examples(), bad, tmp_path / "out", base_model=tiny_model, processes=2)

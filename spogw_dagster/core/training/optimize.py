@@ -85,7 +85,9 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
                 progress(f"{where} done: loss {st.get('loss', float('nan')):.4g}")
         run.seconds = time.perf_counter() - t_train
         if epoch_end is not None:
+            t_pause = time.perf_counter()
             epoch_end(epoch + 1, run)
+            t_train += time.perf_counter() - t_pause  # a snapshot's pass and save are not training time
     run.seconds = time.perf_counter() - t_train
     return run
 

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.examples import TrainExample
-from spogw_dagster.core.training.identity import finished_run_stats, run_hashes, sha
+from spogw_dagster.core.training.identity import run_hashes, sha
 
 __all__ = ["exact", "Snapshot", "plan"]
 
@@ -42,15 +42,15 @@ class Snapshot:
 
 def plan(snapshots: Mapping[int, str | os.PathLike[str]] | None, cfg: TrainConfig, exs: Sequence[TrainExample],
          folder: Path, prev: Path | None) -> dict[int, Snapshot]:
-    """The snapshots worth saving: lengths shorter than cfg.epochs, when exact, and not already finished there."""
+    """The snapshots to save: lengths shorter than cfg.epochs, when exact. Not filtered by what is on disk: with
+    several processes each rank plans for itself, and the after pass at a snapshot is collective, so every rank
+    must reach the same plan (a caller leaves out lengths it already has)."""
     if not snapshots or not exact(cfg):
         return {}
     out: dict[int, Snapshot] = {}
     for e, path in snapshots.items():
         if not 1 <= int(e) < cfg.epochs:
             continue
-        snap = Snapshot(int(e), Path(path).expanduser().resolve(),
-                        run_hashes(replace(cfg, epochs=int(e)), exs, folder, prev))
-        if finished_run_stats(snap.out, snap.run_hash) is None:
-            out[int(e)] = snap
+        out[int(e)] = Snapshot(int(e), Path(path).expanduser().resolve(),
+                               run_hashes(replace(cfg, epochs=int(e)), exs, folder, prev))
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -152,9 +153,11 @@ def trained_dir(store: AssetStore, partition: str, epochs: int | None = None) ->
     return store.adapter_dir(partition).with_name(name)
 
 
-def folder_partition(name: str) -> str:
-    """The partition an adapter folder of lora_checkpoint belongs to: `<k>`, `<k>.trained`, `<k>.trained.e<N>`."""
-    return name.split(".", 1)[0]
+def folder_partition(name: str) -> str | None:
+    """The partition an adapter folder of lora_checkpoint belongs to (`<k>`, `<k>.trained`, `<k>.trained.e<N>`);
+    None for any other name."""
+    m = re.fullmatch(r"([^.]+)(?:" + re.escape(TRAINED_SUFFIX) + r"(?:\.e\d+)?)?", name)
+    return m.group(1) if m else None
 
 
 def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -> None:

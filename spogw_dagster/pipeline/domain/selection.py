@@ -36,15 +36,16 @@ class Verdict:
     queries: int
     min_delta: float
     epochs: int | None = None  # the candidate's training length
-    tried: tuple[tuple[int, float], ...] = ()  # (epochs, greedy validation answer) of every length trained
+    # (epochs, greedy validation answer, paired Δ vs π_{k-1}) of every length tried (`selection.epochs`)
+    tried: tuple[tuple[int, float, float], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def sentence(self, parent_system: str) -> str:
         ci = "" if self.ci_low is None else f" [{self.ci_low:+.3f}, {self.ci_high:+.3f}]"
-        lengths = "" if len(self.tried) < 2 else (
-            "training lengths " + ", ".join(f"{e} epochs {v:.3f}" for e, v in self.tried)
+        lengths = "" if not self.tried else (
+            "training lengths " + ", ".join(f"{e} epochs {v:.3f} (Δ {d:+.3f})" for e, v, d in self.tried)
             + f": {self.epochs} epochs is the candidate; ")
         return (lengths + f"validation (greedy, {self.queries} queries): trained {self.candidate:.3f} vs {parent_system} "
                 f"{self.parent:.3f}, Δ {self.delta:+.3f}{ci}; "
@@ -56,14 +57,15 @@ def decide(delta: float, min_delta: float) -> bool:
     return delta >= min_delta - 1e-12  # a mean of 0/1 scores: no float noise may turn a tie into a rejection
 
 
-def best_length(tried: Sequence[tuple[int, float]]) -> int:
-    """The index of the training length with the highest validation answer score; a tie goes to the one listed
-    first (`selection.epochs` order)."""
+def best_length(tried: Sequence[tuple[int, float, float]]) -> int:
+    """The index of the training length with the largest paired gain over π_{k-1} (each length is paired with
+    the parent on the queries both answered, so a length that met more executor errors is not favoured); a tie
+    goes to the one listed first (`selection.epochs` order)."""
     if not tried:
         raise DomainError("no trained adapter to choose among; fix: check selection.epochs")
     best = 0
-    for i, (_, v) in enumerate(tried):
-        if v > tried[best][1] + 1e-12:  # means of 0/1 scores: float noise must not break a tie
+    for i, t in enumerate(tried):
+        if t[2] > tried[best][2] + 1e-12:  # means of 0/1 scores: float noise must not break a tie
             best = i
     return best
 
@@ -99,9 +101,9 @@ def verdict_of(report: pl.DataFrame, min_delta: float, queries: int, system: str
                                    "checkpoint", "answer_score", "greedy")
     prev = report_stats.metric_row(report, "previous", "answer_score", "greedy")
     if cand is None or prev is None or cand["diff_vs_prev"] is None:
-        raise DomainError("the validation report has no paired greedy answer score of the trained adapter and its "
-                         "parent: every validation run was an executor error; fix the executor, then rematerialize "
-                          "lora_checkpoint (the trained adapter is reused)")
+        raise DomainError(f"the validation report has no paired greedy answer score of the trained adapter "
+                          f"{system or ''} and its parent: every validation run was an executor error; fix the "
+                          "executor, then rematerialize lora_checkpoint (the trained adapter is reused)")
     delta = float(cand["diff_vs_prev"])
     return Verdict(decide(delta, min_delta), float(cand["value"]), float(prev["value"]), delta,
                    cand["diff_ci_low"], cand["diff_ci_high"], queries, min_delta)

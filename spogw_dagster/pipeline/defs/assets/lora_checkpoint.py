@@ -32,6 +32,7 @@ from spogw_dagster.pipeline.defs.plots import curve
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.domain import selection
+from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
 NAME = "lora_checkpoint"
@@ -132,19 +133,39 @@ def _select(context, pipeline: PipelineResource, key: str, parent, trained: list
     failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
                             cache_path=pipeline.cache_path())
     with failures.as_failure():
-        verdicts = [selection.verdict_of(report, cfg.selection.min_delta, n, system=c.system) for c in cands]
-        tried = tuple((e, v.candidate) for (e, _), v in zip(trained, verdicts))
+        verdicts, unpaired = _length_verdicts(report, cfg.selection.min_delta, n, cands, [e for e, _ in trained])
+        tried = tuple((e, v.candidate, v.delta) for e, v in verdicts)
         best = selection.best_length(tried)
-    verdict = dataclasses.replace(verdicts[best], epochs=trained[best][0], tried=tried)
+    # the lengths are named in what is said only when the config lists them (older reasons stay as they were)
+    verdict = dataclasses.replace(verdicts[best][1], epochs=tried[best][0],
+                                  tried=tried if cfg.selection.epochs is not None else ())
+    for e, why in unpaired:
+        context.log.warning(f"{e} epochs left out of the choice: {why}")
+    best_folder = dict(trained)[verdict.epochs]
     store.write_parquet(SELECTION_RESULTS, key, scored.heldout)
     refresh_catalog(store)
     said = verdict.sentence(prev.system)
     say(context, said)
     if verdict.keep:
-        copy_adapter(trained[best][1], out)
+        copy_adapter(best_folder, out)
     else:
         carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model, reason=said)
     return verdict
+
+
+def _length_verdicts(report, min_delta: float, n: int, cands: list, lengths: list[int]):
+    """Each length's verdict against π_{k-1}; a length with no paired validation answer (all its runs executor
+    errors) is left out and said, and only when every length has none is it an error."""
+    verdicts, unpaired, first_error = [], [], None
+    for c, e in zip(cands, lengths):
+        try:
+            verdicts.append((e, selection.verdict_of(report, min_delta, n, system=c.system)))
+        except DomainError as err:
+            unpaired.append((e, str(err)))
+            first_error = first_error or err
+    if not verdicts:
+        raise first_error
+    return verdicts, unpaired
 
 
 def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
