@@ -61,6 +61,15 @@ __all__ = [
 ]
 
 
+def _drop_defaults(d: Any, **defaults: Any) -> Any:
+    """A section's serialized dict without the fields that hold the value they had before the field existed:
+    configs written earlier keep their hashes (and their assets)."""
+    if isinstance(d, dict):
+        for name, default in defaults.items():
+            if name in d and d[name] == default and type(d[name]) is type(default):
+                d.pop(name)
+    return d
+
 class ConfigValidationError(ValueError):
     """The configuration is invalid; the message lists every problem with its field path."""
 
@@ -112,12 +121,7 @@ class GeneratorSection(_Section):
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        d = handler(self)
-        if isinstance(d, dict) and d.get("prompt") == "examples":  # the default: older configs keep their hash
-            d.pop("prompt")
-        if isinstance(d, dict) and d.get("anchors") is False:  # likewise
-            d.pop("anchors")
-        return d
+        return _drop_defaults(handler(self), prompt="examples", anchors=False)
 
     @field_validator("model")
     @classmethod
@@ -211,12 +215,7 @@ class ExecutorSection(_Section):
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
         # `urls` unset is left out, so configs written before fleets existed keep their hashes (and assets)
-        d = handler(self)
-        if isinstance(d, dict):
-            for k in ("urls", "workers", "threads"):  # unset ones are left out: older configs keep their hash
-                if d.get(k) is None:
-                    d.pop(k, None)
-        return d
+        return _drop_defaults(handler(self), urls=None, workers=None, threads=None)
 
     def endpoints(self) -> list[str]:
         """The endpoint URLs (empty: the embedded model)."""
@@ -269,11 +268,7 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        d = handler(self)
-        for name, default in (("adv_std_floor", 0.0), ("valid_only", False)):
-            if isinstance(d, dict) and name in d and d[name] == default:
-                d.pop(name)  # the default: older configs keep their hash
-        return d
+        return _drop_defaults(handler(self), adv_std_floor=0.0, valid_only=False)
 
     def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())
@@ -348,10 +343,7 @@ class ReportSection(_Section):
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        d = handler(self)
-        if isinstance(d, dict) and d.get("runs") is None:  # unset: older configs keep their hash
-            d.pop("runs", None)
-        return d
+        return _drop_defaults(handler(self), runs=None)
 
     @model_validator(mode="after")
     def _some_mode(self) -> "ReportSection":
@@ -395,10 +387,7 @@ class SelectionSection(_Section):
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        d = handler(self)
-        if isinstance(d, dict) and d.get("epochs") is None:  # unset: gated configs keep their hashes
-            d.pop("epochs", None)
-        return d
+        return _drop_defaults(handler(self), epochs=None)
 
     def lengths(self, training_epochs: int) -> tuple[int, ...]:
         """The training lengths the gate chooses among, in tie-break order."""
