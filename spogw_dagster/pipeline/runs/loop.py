@@ -94,15 +94,32 @@ class IterationOutcome:
     checks: dict[str, bool] = field(default_factory=dict)
     error: str = ""
     run_id: str = ""
+    asset_peak_mb: dict[str, float] = field(default_factory=dict)  # each step's own peak RSS (`peak_rss_mb`)
+
+    def peak(self) -> tuple[str, float] | None:
+        """The step with the highest peak resident memory, and that peak in MiB."""
+        return max(self.asset_peak_mb.items(), key=lambda kv: kv[1]) if self.asset_peak_mb else None
 
 
-def _asset_seconds(result) -> dict[str, float]:
+def _asset_metric(result, name: str) -> dict[str, float]:
+    """A float metadata entry of each asset the run materialized (`wall_s`, `peak_rss_mb`)."""
     out: dict[str, float] = {}
     for ev in result.get_asset_materialization_events():
         md = ev.materialization.metadata
-        if "wall_s" in md:
-            out[ev.asset_key.to_user_string()] = float(md["wall_s"].value)
+        if name in md:
+            out[ev.asset_key.to_user_string()] = float(md[name].value)
     return out
+
+
+def peak_sentence(outcomes: list["IterationOutcome"]) -> str | None:
+    """The run's peak resident memory: the highest step peak. Each step resets the kernel's high-water mark as
+    it starts (so that its own peak can be recorded), so `/usr/bin/time` around a run sees only the last step's."""
+    peaks = [(o.key, *p) for o in outcomes if (p := o.peak()) is not None]
+    if not peaks:
+        return None
+    key, asset, mb = max(peaks, key=lambda t: t[2])
+    return (f"peak memory of this process: {mb / 1024:.1f} GiB, in {asset}[{key}] (each step's `peak_rss_mb`; "
+            "`/usr/bin/time` around `spogw run` reports only the last step's, since each step resets the counter)")
 
 
 def _failure_message(result) -> str:
@@ -233,6 +250,8 @@ def _run_loop_locked(cfg, root: Path, config_file, force: bool, out: TextIO, ins
                 outcomes.append(_run_iteration(steps, defs, instance, key, log_level, say, start=start))
                 if outcomes[-1].status == "failed":
                     break
+        if peak := peak_sentence(outcomes):
+            say(peak)
         say("")
         say(summary_table(store, cfg.iterations))
         if pointer := headline_pointer(cfg.profile):
@@ -324,11 +343,13 @@ def _run_iteration(steps: InProcessSteps, defs, instance, key: str, log_level: s
     wall = time.monotonic() - t0
     extra = steps.finished(key, result)  # after the time: removing step containers is not the iteration's
     o = IterationOutcome(key, "ok" if result.success else "failed", wall,
-                         _asset_seconds(result), run_id=result.run_id,
-                         checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()})
+                         _asset_metric(result, "wall_s"), run_id=result.run_id,
+                         checks={e.check_name: e.passed for e in result.get_asset_check_evaluations()},
+                         asset_peak_mb=_asset_metric(result, "peak_rss_mb"))
     for a in ASSET_NAMES:
         if a in o.asset_s:
-            say(f"  {a:<18} {o.asset_s[a]:8.1f} s")
+            mb = o.asset_peak_mb.get(a)
+            say(f"  {a:<18} {o.asset_s[a]:8.1f} s" + (f"  {mb / 1024:5.1f} GiB peak" if mb is not None else ""))
     failed_checks = [c for c, ok in o.checks.items() if not ok]
     say(f"  checks: {len(o.checks) - len(failed_checks)}/{len(o.checks)} passed"
         + (f" (failed: {', '.join(failed_checks)})" if failed_checks else ""))
