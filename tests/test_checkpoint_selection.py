@@ -97,6 +97,13 @@ def test_each_training_length_gets_its_own_verdict_from_one_report():
                            "the candidate")
     with pytest.raises(DomainError, match="trained@0000.e4"):
         selection.verdict_of(report, 0.0, 4, system="trained@0000.e4")
+    # a length with no paired answer is left out, with why; with none paired, the first error is raised
+    got, unpaired = selection.length_verdicts(report, 0.0, 4, [(2, "trained@0000"), (4, "trained@0000.e4"),
+                                                              (3, "trained@0000.e3")])
+    assert [e for e, _ in got] == [2, 3] and [e for e, _ in unpaired] == [4]
+    assert got[1][1].delta == pytest.approx(0.5) and "trained@0000.e4" in unpaired[0][1]
+    with pytest.raises(DomainError, match="trained@0000.e4"):
+        selection.length_verdicts(report, 0.0, 4, [(4, "trained@0000.e4"), (5, "trained@0000.e5")])
 
 
 def test_no_pair_is_an_error_that_says_so_not_a_verdict():

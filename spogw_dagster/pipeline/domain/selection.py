@@ -22,7 +22,8 @@ from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.domain.errors import DomainError
 
-__all__ = ["Verdict", "best_length", "decide", "validation_config", "score_validation", "verdict_of"]
+__all__ = ["Verdict", "best_length", "decide", "length_verdicts", "validation_config", "score_validation",
+           "verdict_of"]
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,19 @@ def verdict_of(report: pl.DataFrame, min_delta: float, queries: int, system: str
     delta = float(cand["diff_vs_prev"])
     return Verdict(decide(delta, min_delta), float(cand["value"]), float(prev["value"]), delta,
                    cand["diff_ci_low"], cand["diff_ci_high"], queries, min_delta)
+
+
+def length_verdicts(report: pl.DataFrame, min_delta: float, queries: int, systems: Sequence[tuple[int, str]]):
+    """Each training length's verdict against π_{k-1} ((epochs, system) pairs, in tie-break order). A length with
+    no paired validation answer (every run of it an executor error) is left out and returned with why; only when
+    every length has none is it an error. Returns ([(epochs, Verdict)], [(epochs, why)])."""
+    verdicts, unpaired, first_error = [], [], None
+    for e, system in systems:
+        try:
+            verdicts.append((e, verdict_of(report, min_delta, queries, system=system)))
+        except DomainError as err:
+            unpaired.append((e, str(err)))
+            first_error = first_error or err
+    if not verdicts:
+        raise first_error
+    return verdicts, unpaired

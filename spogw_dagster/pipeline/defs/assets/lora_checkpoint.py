@@ -32,7 +32,6 @@ from spogw_dagster.pipeline.defs.plots import curve
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain import heldout as ho
 from spogw_dagster.pipeline.domain import selection
-from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 
 NAME = "lora_checkpoint"
@@ -133,7 +132,8 @@ def _select(context, pipeline: PipelineResource, key: str, parent, trained: list
     failures.fail_on_outage(cfg, scored.executed, scored.counters, asset=NAME, partition_key=key,
                             cache_path=pipeline.cache_path())
     with failures.as_failure():
-        verdicts, unpaired = _length_verdicts(report, cfg.selection.min_delta, n, cands, [e for e, _ in trained])
+        verdicts, unpaired = selection.length_verdicts(report, cfg.selection.min_delta, n,
+                                                       [(e, c.system) for (e, _), c in zip(trained, cands)])
         tried = tuple((e, v.candidate, v.delta) for e, v in verdicts)
         best = selection.best_length(tried)
     # the lengths are named in what is said only when the config lists them (older reasons stay as they were)
@@ -151,21 +151,6 @@ def _select(context, pipeline: PipelineResource, key: str, parent, trained: list
     else:
         carry_forward(out, parent.path if parent else None, cfg.train_config(), cfg.generator.model, reason=said)
     return verdict
-
-
-def _length_verdicts(report, min_delta: float, n: int, cands: list, lengths: list[int]):
-    """Each length's verdict against π_{k-1}; a length with no paired validation answer (all its runs executor
-    errors) is left out and said, and only when every length has none is it an error."""
-    verdicts, unpaired, first_error = [], [], None
-    for c, e in zip(cands, lengths):
-        try:
-            verdicts.append((e, selection.verdict_of(report, min_delta, n, system=c.system)))
-        except DomainError as err:
-            unpaired.append((e, str(err)))
-            first_error = first_error or err
-    if not verdicts:
-        raise first_error
-    return verdicts, unpaired
 
 
 def write_training_rows(store: AssetStore, key: str, rows: pl.DataFrame) -> Path:
