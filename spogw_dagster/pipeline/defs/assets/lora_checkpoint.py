@@ -180,8 +180,11 @@ def _train_or_carry(context, cfg, tcfg, examples: list, out: Path, parent,
                             "checkpoint")
         return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
                              reason=reason), False
-    say(context, f"training {tcfg.objective} for {tcfg.epochs} epoch(s) on {len(examples)} examples "
-                 f"(previous adapter: {parent.partition if parent else 'none'})")
+    prev = parent.path if parent else None
+    done = finished_run(examples, tcfg, out, cfg.generator.model, prev) is not None
+    say(context, ("reusing the identical finished run in " + out.name + ": " if done else "training ")
+        + f"{tcfg.objective} for {tcfg.epochs} epoch(s) on {len(examples)} examples "
+        f"(previous adapter: {parent.partition if parent else 'none'})")
     res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
                       previous_adapter=parent.path if parent else None, processes=cfg.training.processes,
                       log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
