@@ -211,6 +211,12 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
 _MAX_LOG_RATIO = 60.0
 
 
+def _ratios(lp: Tensor, old: Tensor, clip_eps: float) -> tuple[Tensor, Tensor]:
+    """ρ = π_θ / π_old per token (log-ratio capped at _MAX_LOG_RATIO) and clip(ρ, 1 − ε, 1 + ε)."""
+    ratio = torch.exp(torch.clamp(lp - old, max=_MAX_LOG_RATIO))
+    return ratio, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+
+
 def _off_policy_terms(surrogate: Tensor, lp: Tensor, ratio: Tensor, clipped: Tensor, a_pos: Tensor, a_neg: Tensor,
                       off: Tensor | None, loss: str, gamma: float) -> tuple[Tensor, Tensor, Tensor]:
     """The surrogate with the off-policy rows' terms replaced as `loss` says (module doc), and two [B, 1] bool
@@ -271,8 +277,7 @@ def _clipped_policy_loss(
     adv = advantages.detach().to(dt)
     A = adv.unsqueeze(-1)
 
-    ratio = torch.exp(torch.clamp(lp - old, max=_MAX_LOG_RATIO))
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    ratio, clipped = _ratios(lp, old, clip_eps)
     surrogate = torch.minimum(ratio * A, clipped * A)
     surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, A.clamp(min=0), A.clamp(max=0),
                                                   off_policy, off_loss, gamma)
@@ -363,8 +368,7 @@ def _aggregated_policy_loss(
 
     lp = _masked(logp, m, dt)
     old = _masked(old_logp.detach(), m, dt) if old_logp is not None else lp.detach()
-    ratio = torch.exp(torch.clamp(lp - old, max=_MAX_LOG_RATIO))
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    ratio, clipped = _ratios(lp, old, clip_eps)
     # Â > 0: min(ρÂ, clip(ρ)Â) = Â min(ρ, clip ρ);  Â < 0: = Â max(ρ, clip ρ); summed over the row's groups
     surrogate = a_pos.unsqueeze(-1) * torch.minimum(ratio, clipped) + a_neg.unsqueeze(-1) * torch.maximum(ratio, clipped)
     surrogate, pos_ok, neg_ok = _off_policy_terms(surrogate, lp, ratio, clipped, a_pos.unsqueeze(-1),

@@ -31,7 +31,6 @@ def exact(cfg: TrainConfig) -> bool:
 class Snapshot:
     """One shorter run to save when its last epoch ends: where, and what identifies it."""
 
-    epochs: int
     out: Path
     hashes: dict[str, Any]
 
@@ -48,9 +47,7 @@ def plan(snapshots: Mapping[int, str | os.PathLike[str]] | None, cfg: TrainConfi
     if not snapshots or not exact(cfg):
         return {}
     out: dict[int, Snapshot] = {}
-    for e, path in snapshots.items():
-        if not 1 <= int(e) < cfg.epochs:
-            continue
-        out[int(e)] = Snapshot(int(e), Path(path).expanduser().resolve(),
-                               run_hashes(replace(cfg, epochs=int(e)), exs, folder, prev))
+    for e, path in ((int(e), p) for e, p in snapshots.items()):
+        if 1 <= e < cfg.epochs:
+            out[e] = Snapshot(Path(path).expanduser().resolve(), run_hashes(replace(cfg, epochs=e), exs, folder, prev))
     return out

@@ -121,13 +121,15 @@ def train_lora(
                 "total_seconds": round(time.perf_counter() - t_start, 3), "device": str(device),
                 "processes": dist.world, **extra}
 
+    def after_pass() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return (log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
+                if cfg.eval_after else ([], {}))
+
     def epoch_end(epochs: int, run) -> None:
         if (snap := snaps.get(epochs)) is None:
             return
-        per_example, moved = [], {}
-        if cfg.eval_after:  # the shorter run's own after pass (no-grad, eval mode: it draws no dropout mask)
-            per_example, moved = log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
-            model.train()
+        per_example, moved = after_pass()  # the shorter run's own (no-grad, eval mode: it draws no dropout mask)
+        model.train()
         if dist.main:
             save_adapter(model, snap.out, folder, {
                 "run_hash": snap.run_hash, "hashes": snap.hashes, "config": replace(cfg, epochs=epochs).to_dict(),
@@ -135,8 +137,7 @@ def train_lora(
                 "snapshot_of_epochs": cfg.epochs})
 
     run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end)
-    per_example, moved = (log_prob_shift(model, rows, cfg, tok.pad_token_id, device, items, dist)
-                          if cfg.eval_after else ([], {}))
+    per_example, moved = after_pass()
     stats = {"run_hash": run_hash, "hashes": hashes, "config": cfg.to_dict(), **common, "steps": run.steps,
              "summary": summary(run, **moved), "examples": per_example}
     if dist.main:

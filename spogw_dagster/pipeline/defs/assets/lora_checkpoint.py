@@ -101,7 +101,7 @@ def _train_and_select(context, pipeline: PipelineResource, tcfg, examples: list,
     lengths = cfg.selection.lengths(tcfg.epochs)
     # training.epochs trains where selection without lengths does (`<k>.trained`), the others in `.e<N>`
     folders = {e: trained_dir(store, key, None if e == tcfg.epochs else e) for e in lengths}
-    configs = {e: tcfg if e == tcfg.epochs else dataclasses.replace(tcfg, epochs=e) for e in lengths}
+    configs = {e: dataclasses.replace(tcfg, epochs=e) for e in lengths}
     prev = parent.path if parent else None
     if tcfg.epochs in folders:
         _adopt_finished_run(examples, tcfg, cfg.generator.model, folders[tcfg.epochs], store.adapter_dir(key), parent)
@@ -121,10 +121,10 @@ def _select(context, pipeline: PipelineResource, key: str, parent, trained: list
     validation is the candidate (`selection.best_length`); copy it to the checkpoint folder if kept, else carry
     π_{k-1} forward there. The per-query rows of every policy go to the `selection_results` table."""
     cfg, store, k = pipeline.config(), pipeline.store(), key_to_int(key)
-    out = store.adapter_dir(key)
-    default = cfg.train_config().epochs
-    cands = [ho.Policy(f"trained@{key}" + ("" if e == default else f".e{e}"), "checkpoint", folder, k,
-                       adapter_sha256(folder)) for e, folder in trained]
+    out, base = store.adapter_dir(key), trained_dir(store, key).name
+    # named after the folder: `trained@<k>` for `<k>.trained`, `trained@<k>.e<N>` for `<k>.trained.e<N>`
+    cands = [ho.Policy(f"trained@{key}{folder.name.removeprefix(base)}", "checkpoint", folder, k,
+                       adapter_sha256(folder)) for _, folder in trained]
     prev = ho.previous_policy(parent)
     with failures.as_failure():
         report, scored, n = selection.score_validation(pipeline, cands, prev, cfg, iteration=k,
