@@ -425,3 +425,29 @@ def test_an_off_policy_example_reaches_the_loss_as_an_off_policy_row():
         out = micro_batch_objective(items, cfg, logp, torch.ones(2, 2), "cpu")
         (g,) = torch.autograd.grad(out.loss, logp)
         assert g[0, 0].item() == pytest.approx(first, abs=1e-12)
+
+
+@pytest.mark.parametrize("objective,beta", [("spogw", 0.3), ("spogw", 0.05), ("grpo", 0.3), ("grpo_nokl", 0.3)])
+def test_the_configs_beta_is_the_beta_the_loss_applies(objective, beta):
+    """β from the pipeline's `training:` section to the KL term, through the trainer's own path (train_config ->
+    micro_batch_objective -> the loss): one-token rows, π_θ = 0.5 and π_ref = 0.25 on both, so each row's k3 is
+    e^d − d − 1 with d = log 0.5: 0.5 + log 2 − 1 = 0.1931471806. spogw keeps the KL of the Â > 0 row only:
+    β·(0.19315 + 0)/2; grpo both rows: β·0.19315; grpo_nokl none, whatever β says."""
+    import torch
+
+    from spogw_dagster.core.training import TrainExample
+    from spogw_dagster.core.training.batching import tokenize
+    from spogw_dagster.core.training.passes import micro_batch_objective
+    from spogw_dagster.pipeline.settings import load_config
+
+    cfg = load_config("ci", overrides={"training": {"objective": objective, "beta": beta}}).train_config()
+    exs = [TrainExample("p", "c", advantage=a, old_logprobs=[math.log(0.5)], prompt_token_ids=[1],
+                        completion_token_ids=[5 + i]) for i, a in enumerate((1.0, -1.0))]
+    items = tokenize(exs, None, cfg)
+    for it in items:
+        it.ref = [math.log(0.25)]
+    logp = torch.full((2, 1), math.log(0.5), dtype=torch.float64)
+    out = micro_batch_objective(items, cfg, logp, torch.ones(2, 1), "cpu")
+    k3 = 0.5 + math.log(2) - 1
+    expected = {"spogw": beta * k3 / 2, "grpo": beta * k3, "grpo_nokl": 0.0}[objective]
+    assert out.kl_loss.item() == pytest.approx(expected, abs=1e-12)

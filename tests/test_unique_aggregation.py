@@ -254,7 +254,7 @@ def test_optimizer_step_gradient_equal_float64(tiny, objective):
 
     def step(data):
         batches = micro_batches(data, cfg, 0)
-        st = optimizer_step(model, params, opt, batches, cfg, cfg.objective_config(), tok.pad_token_id,
+        st = optimizer_step(model, params, opt, batches, cfg, tok.pad_token_id,
                              torch.device("cpu"))
         return st, [p.grad.detach().clone() for p in params], len(batches)
 

@@ -615,8 +615,10 @@ def rwr(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _run_group_family(b: LossBatch, c: ObjectiveConfig, *, beta: float, kl_mask: str) -> LossOutput:
-    """spogw, grpo and grpo_nokl differ only in β and the KL mask (module doc)."""
+def _run_group_family(b: LossBatch, c: ObjectiveConfig, *, kl: bool, kl_mask: str) -> LossOutput:
+    """spogw, grpo and grpo_nokl differ only in whether β applies and the KL mask (module doc). β is read here,
+    from the config the trainer holds, not copied down the call chain."""
+    beta = c.beta if kl else 0.0
     if b.aggregated:
         return _aggregated_policy_loss(b.logp, b.old_logp, b.ref_logp, b.mask, b, beta=beta, clip_eps=c.clip_eps,
                                        kl_mask=kl_mask, off_loss=c.off_policy_loss, gamma=c.off_policy_gamma)
@@ -626,15 +628,15 @@ def _run_group_family(b: LossBatch, c: ObjectiveConfig, *, beta: float, kl_mask:
 
 
 def _run_spogw(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
-    return _run_group_family(b, c, beta=c.beta, kl_mask="positive")
+    return _run_group_family(b, c, kl=True, kl_mask="positive")
 
 
 def _run_grpo(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
-    return _run_group_family(b, c, beta=c.beta, kl_mask="all")
+    return _run_group_family(b, c, kl=True, kl_mask="all")
 
 
 def _run_grpo_nokl(b: LossBatch, c: ObjectiveConfig) -> LossOutput:
-    return _run_group_family(b, c, beta=0.0, kl_mask="all")
+    return _run_group_family(b, c, kl=False, kl_mask="all")
 
 
 def _run_score_dpo(b: LossBatch, c: ObjectiveConfig) -> LossOutput:

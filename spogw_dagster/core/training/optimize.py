@@ -9,7 +9,6 @@ from typing import Any, Callable
 
 import torch
 
-from spogw_dagster.core.hyperparams import ObjectiveConfig
 from spogw_dagster.core.training.batching import Item, micro_batches
 from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.distributed import SINGLE, Dist
@@ -62,7 +61,6 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
     epoch_batches = [micro_batches(items, cfg, e) for e in range(cfg.epochs)]
     total_steps = sum(math.ceil(len(b) / cfg.grad_accum) for b in epoch_batches)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg, total_steps))
-    ocfg = cfg.objective_config()
     torch.manual_seed(cfg.seed)
     model.train()
     run = OptimizeRun([], 0, 0.0)
@@ -72,7 +70,7 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
             where = f"optimizer step {len(run.steps) + 1}/{total_steps} (epoch {epoch + 1}/{cfg.epochs})"
             if progress is not None:
                 progress(f"{where} started")
-            st = optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, ocfg, pad_id, device,
+            st = optimizer_step(model, params, opt, batches[s : s + cfg.grad_accum], cfg, pad_id, device,
                                  dist)
             st = {"step": len(run.steps), "epoch": epoch, "lr": sched.get_last_lr()[0], **st}
             opt.step()
@@ -92,7 +90,7 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
     return run
 
 
-def optimizer_step(model, params, opt, group: list[list[Item]], cfg: TrainConfig, ocfg: ObjectiveConfig,
+def optimizer_step(model, params, opt, group: list[list[Item]], cfg: TrainConfig,
                     pad_id: int, device, dist: Dist = SINGLE) -> dict[str, Any]:
     """Gradients of one optimizer step (each micro-batch's loss weighted by its share of the rows), clipped.
 
@@ -108,7 +106,7 @@ def optimizer_step(model, params, opt, group: list[list[Item]], cfg: TrainConfig
     tokens = 0
     for mb in dist.shard(group):
         logp, cb = micro_batch_logprobs(model, mb, cfg, pad_id, device)
-        res = micro_batch_objective(mb, cfg, logp, cb.completion_mask, device, ocfg)
+        res = micro_batch_objective(mb, cfg, logp, cb.completion_mask, device)
         w = sum(x.count for x in mb) / rows_in_step
         (res.loss * w).backward()
         for k, v in res.metrics().items():

@@ -62,8 +62,9 @@ def micro_batch_logprobs(model, mb: Sequence[Item], cfg: TrainConfig, pad_id: in
     return completion_logprobs(model, b, cfg.logprob_T), b
 
 
-def micro_batch_objective(mb: Sequence[Item], cfg: TrainConfig, logp, mask, device, ocfg=None):
-    """The objective on one micro-batch, given its policy log-probs and completion mask."""
+def micro_batch_objective(mb: Sequence[Item], cfg: TrainConfig, logp, mask, device):
+    """The objective on one micro-batch, given its policy log-probs and completion mask. `cfg` is the loss's
+    config itself (a TrainConfig is an ObjectiveConfig), so β and the other loss fields reach it unchanged."""
 
 
     C = logp.shape[1]
@@ -87,7 +88,7 @@ def micro_batch_objective(mb: Sequence[Item], cfg: TrainConfig, logp, mask, devi
     if any(x.members is not None for x in mb):  # unique-workflow rows (`aggregate`)
         lb.adv_pos, lb.adv_neg = col([x.adv_pos for x in mb]), col([x.adv_neg for x in mb])
         lb.n_pos, lb.n_neg, lb.count = col([x.n_pos for x in mb]), col([x.n_neg for x in mb]), col([x.count for x in mb])
-    return compute_loss(cfg.objective, lb, ocfg or cfg.objective_config())
+    return compute_loss(cfg.objective, lb, cfg)
 
 
 def device_for(cfg: TrainConfig, dist: Dist = SINGLE):
