@@ -83,6 +83,20 @@ async def test_cache_persists_across_instances(server, tmp_path):
     assert server.request_count == 1
 
 
+
+async def test_greedy_calls_share_one_entry_whatever_their_seed(server, tmp_path):
+    """ScoreFlow scores a workflow as the mean of 3 runs at T = 0, each run with its own executor seed: greedy
+    decoding draws nothing, so the three runs' calls are one endpoint request. A sampled call keeps its seed."""
+    cache = CallCache(tmp_path / "c.sqlite")
+    exe = CachingExecutor(inner(server), cache)
+    runs = [await exe.chat(MSGS, dataclasses.replace(GREEDY, seed=s)) for s in (11, 12, 13)]
+    assert [r.cached for r in runs] == [False, True, True] and len({r.text for r in runs}) == 1
+    assert server.request_count == 1 and len(cache) == 1
+    hot = [await exe.chat(MSGS, SamplingParams(temperature=0.7, max_tokens=16, seed=s)) for s in (11, 12)]
+    await exe.aclose()
+    assert not any(r.cached for r in hot) and server.request_count == 3 and len(cache) == 3
+    cache.close()
+
 async def test_failures_are_not_cached(server, tmp_path):
     cache = CallCache(tmp_path / "c.sqlite")
     exe = CachingExecutor(inner(server), cache)
@@ -128,7 +142,7 @@ def test_key_changes_with_every_input():
         cache_key("m", MSGS, dataclasses.replace(base_params, temperature=0.6)),
         cache_key("m", MSGS, dataclasses.replace(base_params, top_p=0.95)),
         cache_key("m", MSGS, dataclasses.replace(base_params, max_tokens=65)),
-        cache_key("m", MSGS, dataclasses.replace(base_params, seed=2)),
+        cache_key("m", MSGS, dataclasses.replace(base_params, seed=2)),  # sampled: the seed is part of the call
         cache_key("m", MSGS, dataclasses.replace(base_params, seed=None)),
         cache_key("m", MSGS, dataclasses.replace(base_params, stop=())),
         cache_key("m", MSGS, dataclasses.replace(base_params, stop=("\n", "END"))),

@@ -2,7 +2,8 @@
 
 `CallCache` is a SQLite file (stdlib sqlite3, WAL mode): many processes may read and write it at once,
 and many asyncio tasks may share one instance. Entries are keyed by the sha256 of a canonical JSON of
-(model, messages, sampling params including seed and stop, and an optional namespace).
+(model, messages, sampling params including seed and stop, and an optional namespace). A greedy call
+(temperature 0) is keyed without its seed: it draws nothing, so its text does not depend on one.
 
 `CachingExecutor` wraps any executor with it:
 
@@ -55,7 +56,9 @@ def canonical_request(model: str, messages: list[dict], params: SamplingParams, 
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
         "max_tokens": int(params.max_tokens),
-        "seed": None if params.seed is None else int(params.seed),
+        # greedy decoding draws nothing, so its seed is no part of the call: ScoreFlow's 3 runs of a workflow
+        # at T = 0 (and any repeated greedy call) are one call, not three
+        "seed": None if params.seed is None or params.temperature <= 0 else int(params.seed),
         "stop": list(params.stop),
     }
     obj = {"v": CACHE_KEY_VERSION, "ns": namespace, "model": model, "messages": messages, "params": p}

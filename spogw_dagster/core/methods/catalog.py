@@ -53,7 +53,8 @@ METHODS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {"training": {"objective": "grpo"}},
     "grpo_nokl": {"training": {"objective": "grpo_nokl"}},
     # ScoreFlow also samples and scores its own way: generator T = 0.2, top-p 0.95; each workflow the mean of 3
-    # executor runs at T = 0. The comparison samples and scores a data set of its own for it (same parent, seeds)
+    # executor runs at T = 0 (one run's calls: the call cache keys a greedy call without its seed). The comparison
+    # samples and scores a data set of its own for it (same parent, seeds)
     "score_dpo": {"training": {"objective": "score_dpo", **PAPER_SETTINGS["score_dpo"]},
                   "generator": {"temperature": 0.2, "top_p": 0.95},
                   "executor": {"temperature": 0.0}, "execution": {"runs": 3}},
