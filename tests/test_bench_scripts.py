@@ -46,3 +46,41 @@ def test_retrain_reads_its_settings_as_the_config_would():
 
     with pytest.raises(SystemExit, match="FIELD=VALUE"):
         mod.training_overrides(["epochs"])
+
+
+def _write_seed(root: Path, answers: dict[str, list[float]], base: list[float], queries=("q0", "q1", "q2", "q3")):
+    import polars as pl
+
+    def frame(system_answers):
+        return pl.DataFrame([{"system": s, "mode": "greedy", "split": "validation", "query_id": q, "exec_seed": 0,
+                              "answer_score": a} for s, v in system_answers.items() for q, a in zip(queries, v)])
+
+    for table, rows in (("comparison_heldout", frame(answers)), ("selection_results", frame({"base": base}))):
+        (root / table).mkdir(parents=True)
+        rows.write_parquet(root / table / "0000.parquet")
+
+
+def test_pool_comparison_pools_seeds_per_query(tmp_path, capsys):
+    """Two seeds of 4 queries: spogw 2/4 and 1/4 (pooled 3/8), grpo 1/4 and 1/4 (2/8); grpo − spogw per query and
+    seed: (−1, 0, 0, 0) and (+1, −1, 0, 0), mean −1/8 = −0.125; base 0/4 both: spogw − base = +0.375; IO 1/4 both.
+    Seeds holding other queries are refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_pool_comparison", BENCH / "pool_comparison.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _write_seed(tmp_path / "s0", {"spogw": [1, 1, 0, 0], "grpo": [0, 1, 0, 0], "baseline:io": [1, 0, 0, 0]},
+                [0, 0, 0, 0])
+    _write_seed(tmp_path / "s1", {"spogw": [0, 1, 0, 0], "grpo": [1, 0, 0, 0], "baseline:io": [1, 0, 0, 0]},
+                [0, 0, 0, 0])
+    assert mod.main([str(tmp_path / "s0"), str(tmp_path / "s1"), "--resamples", "2000"]) == 0
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| system")}
+    assert rows["spogw"][1:4] == ["0.500", "0.250", "0.375"]
+    assert rows["grpo"][1:4] == ["0.250", "0.250", "0.250"] and rows["grpo"][4].startswith("-0.125 [")
+    assert rows["spogw"][6].startswith("+0.375 [") and rows["baseline:io"][3] == "0.250"
+    import pytest
+
+    _write_seed(tmp_path / "s2", {"spogw": [0, 1, 0, 0]}, [0, 0, 0, 0], queries=("q0", "q1", "q2", "q9"))
+    with pytest.raises(SystemExit, match="different queries"):
+        mod.main([str(tmp_path / "s0"), str(tmp_path / "s2")])
