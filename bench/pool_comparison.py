@@ -26,16 +26,24 @@ from pathlib import Path
 
 import polars as pl
 
+from spogw_dagster.contracts import Status
 from spogw_dagster.core import stats
 
 ALPHA = 0.05
 
 
+COLUMNS = ["system", "query_id", "exec_seed", "answer_score"]
+
+
 def greedy_rows(path: Path, split: str, systems: list[str] | None = None) -> pl.DataFrame | None:
+    """Greedy rows of `split`, executor errors left out (our infrastructure failing, not the workflow: the
+    report and `spogw compare` leave them out of every metric and pair too)."""
     if not path.is_file():
         return None
-    d = pl.read_parquet(path).filter((pl.col("mode") == "greedy") & (pl.col("split") == split))
-    return d.filter(pl.col("system").is_in(systems)) if systems is not None else d
+    d = pl.read_parquet(path).filter((pl.col("mode") == "greedy") & (pl.col("split") == split)
+                                     & (pl.col("status") != Status.EXECUTOR_ERROR))
+    d = d.filter(pl.col("system").is_in(systems)) if systems is not None else d
+    return d.select(COLUMNS)
 
 
 def load_seed(root: Path, key: str, split: str) -> pl.DataFrame:
@@ -46,23 +54,25 @@ def load_seed(root: Path, key: str, split: str) -> pl.DataFrame:
                          f"{int(key)} --split {split}` with this assets directory first")
     base_table = "selection_results" if split == "validation" else "heldout_results"
     base = greedy_rows(root / base_table / f"{key}.parquet", split, ["base"])
-    frames = [comp] + ([base.select(comp.columns)] if base is not None and not base.is_empty() else [])
-    return pl.concat(frames).select("system", "query_id", "exec_seed", "answer_score")
+    rows = pl.concat([comp] + ([base] if base is not None and not base.is_empty() else []))
+    seeds = rows["exec_seed"].unique().to_list()
+    if len(seeds) != 1:  # pairs need the same executor draws
+        raise SystemExit(f"{root}: the systems were scored with executor seeds {sorted(seeds)}; pairs need one")
+    return rows
 
 
-def per_query(rows: list[pl.DataFrame], system: str) -> list[list[float]] | None:
-    """[query][seed] answer scores of `system`, queries sorted; None if any seed lacks it."""
-    cols = []
+def per_query(rows: list[pl.DataFrame], system: str, ids: list[str]) -> list[list[float]]:
+    """[query][seed] answer scores of `system` on the queries `ids` (the reference's); a system that lacks a
+    query under some seed (an executor error, or another split) is refused rather than paired by position."""
+    out = []
     for r in rows:
-        s = r.filter(pl.col("system") == system).sort("query_id")
-        if s.is_empty():
-            return None
-        cols.append(s)
-    ids = cols[0]["query_id"].to_list()
-    for c in cols[1:]:
-        if c["query_id"].to_list() != ids:
-            raise SystemExit(f"{system}: the seeds hold different queries; compare on the same split and limit")
-    return [list(v) for v in zip(*(c["answer_score"].to_list() for c in cols))]
+        s = dict(r.filter(pl.col("system") == system).select("query_id", "answer_score").iter_rows())
+        missing = [q for q in ids if q not in s]
+        if missing:
+            raise SystemExit(f"{system}: no row for queries {missing[:5]} under one seed (executor errors, or "
+                             "another split or limit); pairs need every query under every seed")
+        out.append([s[q] for q in ids])
+    return [list(v) for v in zip(*out)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,13 +87,22 @@ def main(argv: list[str] | None = None) -> int:
     systems = sorted(set.intersection(*(set(r["system"].to_list()) for r in rows)))
     if "spogw" not in systems:
         raise SystemExit("spogw is not in every seed's comparison: it is the reference; add it to --methods")
-    ref = per_query(rows, "spogw")
-    base = per_query(rows, "base") if "base" in systems else None
+    spogw_ids = [set(r.filter(pl.col("system") == "spogw")["query_id"].to_list()) for r in rows]
+    if len(set(map(frozenset, spogw_ids))) > 1:
+        odd = sorted(set.union(*spogw_ids) - set.intersection(*spogw_ids))
+        raise SystemExit(f"spogw: the seeds hold different queries ({odd[:5]}); compare on the same split and limit "
+                         "(or one seed's executor failed on them: see its executor_error rows)")
+    # the queries every system answered under every seed (an executor error leaves its query out, as in the report)
+    ids = sorted(set.intersection(*(set(r.filter(pl.col("system") == s)["query_id"].to_list())
+                                    for r in rows for s in systems)))
+    left_out = len(set.union(*spogw_ids)) - len(ids)
+    ref = per_query(rows, "spogw", ids)
+    base = per_query(rows, "base", ids) if "base" in systems else None
     baselines = [s for s in systems if s.startswith("baseline:")]
     methods = ["spogw"] + [s for s in systems if s not in ("spogw", "base") and s not in baselines]
     family = [m for m in methods if m != "spogw"]
     b_family = stats.resamples_for_family(len(family), args.resamples, ALPHA)
-    pvals = [stats.paired_bootstrap_p(per_query(rows, m), ref, resamples=b_family) for m in family]
+    pvals = [stats.paired_bootstrap_p(per_query(rows, m, ids), ref, resamples=b_family) for m in family]
     p_holm = dict(zip(family, stats.holm(pvals)))
 
     def diff(a, b) -> str:
@@ -91,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
     n_q = len(ref)
-    print(f"{args.split}: {n_q} queries x {len(rows)} seeds ({', '.join(str(d) for d in args.assets_dirs)}); greedy "
+    print(f"{args.split}: {n_q} queries x {len(rows)} seeds" + (f" ({left_out} left out: an executor error under some "
+          "seed or system)" if left_out else "") + f" ({', '.join(str(d) for d in args.assets_dirs)}); greedy "
           f"answer score; Δ: paired difference, 95% interval over queries ({args.resamples} resamples); Holm over "
           f"the {len(family)} differences to spogw at B = {b_family} (smallest attainable p {2 / (b_family + 1):.5f}"
           f" against α/m = {ALPHA / max(1, len(family)):.5f})\n")
@@ -100,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for s in methods + (["base"] if base else []) + baselines:
-        v = per_query(rows, s)
+        v = per_query(rows, s, ids)
         cells = [s, *(f"{sum(q[i] for q in v) / n_q:.3f}" for i in range(len(rows))),
                  f"{sum(sum(q) for q in v) / (n_q * len(rows)):.3f}"]
         cells += [diff(v, ref) if s != "spogw" else "", f"{p_holm[s]:.3f}" if s in p_holm else ""]
         cells += ([diff(v, base) if s != "base" else ""] if base else [])
-        cells += [diff(v, per_query(rows, b)) if s != b else "" for b in baselines]
+        cells += [diff(v, per_query(rows, b, ids)) if s != b else "" for b in baselines]
         print("| " + " | ".join(cells) + " |")
     return 0
 

@@ -52,7 +52,7 @@ def _write_seed(root: Path, answers: dict[str, list[float]], base: list[float], 
     import polars as pl
 
     def frame(system_answers):
-        return pl.DataFrame([{"system": s, "mode": "greedy", "split": "validation", "query_id": q, "exec_seed": 0,
+        return pl.DataFrame([{"system": s, "mode": "greedy", "split": "validation", "query_id": q, "exec_seed": 0, "status": "ok",
                               "answer_score": a} for s, v in system_answers.items() for q, a in zip(queries, v)])
 
     for table, rows in (("comparison_heldout", frame(answers)), ("selection_results", frame({"base": base}))):

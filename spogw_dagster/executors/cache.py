@@ -3,7 +3,10 @@
 `CallCache` is a SQLite file (stdlib sqlite3, WAL mode): many processes may read and write it at once,
 and many asyncio tasks may share one instance. Entries are keyed by the sha256 of a canonical JSON of
 (model, messages, sampling params including seed and stop, and an optional namespace). A greedy call
-(temperature 0) is keyed without its seed: it draws nothing, so its text does not depend on one.
+(temperature 0) is keyed without its seed: it draws nothing, so its text does not depend on one. (A served
+endpoint that batches calls can still vary a greedy text with the batch's float rounding; with the cache on,
+such a call is made once and that variation is not sampled again, which is what the reruns of a workflow at
+T = 0 would otherwise be averaging.)
 
 `CachingExecutor` wraps any executor with it:
 

@@ -138,7 +138,8 @@ class Operators:
         self.llm_calls += 1
         if self.llm_calls > self.cfg.max_llm_calls:
             raise BudgetExceeded(f"more than {self.cfg.max_llm_calls} executor calls in one run")
-        # One seed per call position: reruns hit the cache, repeated identical calls still differ.
+        # One seed per call position: reruns hit the cache, repeated identical sampled calls still differ (a greedy
+        # call, T = 0, is keyed without its seed: the same prompt gives the same text)
         params = SamplingParams(
             temperature=self.cfg.temperature if temperature is None else temperature,
             top_p=self.cfg.top_p,
