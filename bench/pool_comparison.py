@@ -30,8 +30,6 @@ from spogw_dagster.contracts import Status
 from spogw_dagster.core import stats
 
 ALPHA = 0.05
-
-
 COLUMNS = ["system", "query_id", "exec_seed", "answer_score"]
 
 
@@ -62,17 +60,10 @@ def load_seed(root: Path, key: str, split: str) -> pl.DataFrame:
 
 
 def per_query(rows: list[pl.DataFrame], system: str, ids: list[str]) -> list[list[float]]:
-    """[query][seed] answer scores of `system` on the queries `ids` (the reference's); a system that lacks a
-    query under some seed (an executor error, or another split) is refused rather than paired by position."""
-    out = []
-    for r in rows:
-        s = dict(r.filter(pl.col("system") == system).select("query_id", "answer_score").iter_rows())
-        missing = [q for q in ids if q not in s]
-        if missing:
-            raise SystemExit(f"{system}: no row for queries {missing[:5]} under one seed (executor errors, or "
-                             "another split or limit); pairs need every query under every seed")
-        out.append([s[q] for q in ids])
-    return [list(v) for v in zip(*out)]
+    """[query][seed] answer scores of `system` on `ids` (queries every system answered under every seed)."""
+    by_seed = [dict(r.filter(pl.col("system") == system).select("query_id", "answer_score").iter_rows())
+               for r in rows]
+    return [[s[q] for s in by_seed] for q in ids]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ids = sorted(set.intersection(*(set(r.filter(pl.col("system") == s)["query_id"].to_list())
                                     for r in rows for s in systems)))
     left_out = len(set.union(*spogw_ids)) - len(ids)
-    ref = per_query(rows, "spogw", ids)
-    base = per_query(rows, "base", ids) if "base" in systems else None
+    values = {s: per_query(rows, s, ids) for s in systems}
+    ref, base = values["spogw"], values.get("base")
     baselines = [s for s in systems if s.startswith("baseline:")]
     methods = ["spogw"] + [s for s in systems if s not in ("spogw", "base") and s not in baselines]
     family = [m for m in methods if m != "spogw"]
     b_family = stats.resamples_for_family(len(family), args.resamples, ALPHA)
-    pvals = [stats.paired_bootstrap_p(per_query(rows, m, ids), ref, resamples=b_family) for m in family]
+    pvals = [stats.paired_bootstrap_p(values[m], ref, resamples=b_family) for m in family]
     p_holm = dict(zip(family, stats.holm(pvals)))
 
     def diff(a, b) -> str:
@@ -120,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for s in methods + (["base"] if base else []) + baselines:
-        v = per_query(rows, s, ids)
+        v = values[s]
         cells = [s, *(f"{sum(q[i] for q in v) / n_q:.3f}" for i in range(len(rows))),
                  f"{sum(sum(q) for q in v) / (n_q * len(rows)):.3f}"]
         cells += [diff(v, ref) if s != "spogw" else "", f"{p_holm[s]:.3f}" if s in p_holm else ""]
         cells += ([diff(v, base) if s != "base" else ""] if base else [])
-        cells += [diff(v, per_query(rows, b, ids)) if s != b else "" for b in baselines]
+        cells += [diff(v, values[b]) if s != b else "" for b in baselines]
         print("| " + " | ".join(cells) + " |")
     return 0
 

@@ -52,8 +52,9 @@ def _write_seed(root: Path, answers: dict[str, list[float]], base: list[float], 
     import polars as pl
 
     def frame(system_answers):
-        return pl.DataFrame([{"system": s, "mode": "greedy", "split": "validation", "query_id": q, "exec_seed": 0, "status": "ok",
-                              "answer_score": a} for s, v in system_answers.items() for q, a in zip(queries, v)])
+        return pl.DataFrame([{"system": s, "mode": "greedy", "split": "validation", "query_id": q, "exec_seed": 0,
+                              "status": "ok", "answer_score": a}
+                             for s, v in system_answers.items() for q, a in zip(queries, v)])
 
     for table, rows in (("comparison_heldout", frame(answers)), ("selection_results", frame({"base": base}))):
         (root / table).mkdir(parents=True)
@@ -65,6 +66,8 @@ def test_pool_comparison_pools_seeds_per_query(tmp_path, capsys):
     seed: (−1, 0, 0, 0) and (+1, −1, 0, 0), mean −1/8 = −0.125; base 0/4 both: spogw − base = +0.375; IO 1/4 both.
     Seeds holding other queries are refused."""
     import importlib.util
+
+    import pytest
 
     spec = importlib.util.spec_from_file_location("bench_pool_comparison", BENCH / "pool_comparison.py")
     mod = importlib.util.module_from_spec(spec)
@@ -79,8 +82,6 @@ def test_pool_comparison_pools_seeds_per_query(tmp_path, capsys):
     assert rows["spogw"][1:4] == ["0.500", "0.250", "0.375"]
     assert rows["grpo"][1:4] == ["0.250", "0.250", "0.250"] and rows["grpo"][4].startswith("-0.125 [")
     assert rows["spogw"][6].startswith("+0.375 [") and rows["baseline:io"][3] == "0.250"
-    import pytest
-
     _write_seed(tmp_path / "s2", {"spogw": [0, 1, 0, 0]}, [0, 0, 0, 0], queries=("q0", "q1", "q2", "q9"))
     with pytest.raises(SystemExit, match="different queries"):
         mod.main([str(tmp_path / "s0"), str(tmp_path / "s2")])

@@ -83,7 +83,6 @@ async def test_cache_persists_across_instances(server, tmp_path):
     assert server.request_count == 1
 
 
-
 async def test_greedy_calls_share_one_entry_whatever_their_seed(server, tmp_path):
     """ScoreFlow scores a workflow as the mean of 3 runs at T = 0, each run with its own executor seed: greedy
     decoding draws nothing, so the three runs' calls are one endpoint request. A sampled call keeps its seed."""
@@ -96,6 +95,7 @@ async def test_greedy_calls_share_one_entry_whatever_their_seed(server, tmp_path
     await exe.aclose()
     assert not any(r.cached for r in hot) and server.request_count == 3 and len(cache) == 3
     cache.close()
+
 
 async def test_failures_are_not_cached(server, tmp_path):
     cache = CallCache(tmp_path / "c.sqlite")

@@ -174,19 +174,18 @@ def _train_or_carry(context, cfg, tcfg, examples: list, out: Path, parent,
     """Train on the examples with `tcfg` (saving `snapshots` on the way); without any, carry the parent adapter
     forward, saying why (`narrow`: the data covered too few queries). Returns (training stats, reused)."""
 
+    prev = parent.path if parent else None
     if not examples:
         reason = narrow or tcfg.spec.no_data  # else the objective's own words (core.training.registry)
         context.log.warning(f"{reason}: the parent policy is carried forward unchanged as this iteration's "
                             "checkpoint")
-        return carry_forward(out, parent.path if parent else None, tcfg, cfg.generator.model,
-                             reason=reason), False
-    prev = parent.path if parent else None
+        return carry_forward(out, prev, tcfg, cfg.generator.model, reason=reason), False
     done = finished_run(examples, tcfg, out, cfg.generator.model, prev) is not None
     say(context, ("reusing the identical finished run in " + out.name + ": " if done else "training ")
         + f"{tcfg.objective} for {tcfg.epochs} epoch(s) on {len(examples)} examples "
         f"(previous adapter: {parent.partition if parent else 'none'})")
     res = fit_adapter(examples, tcfg, out, base_model=cfg.generator.model,
-                      previous_adapter=parent.path if parent else None, processes=cfg.training.processes,
+                      previous_adapter=prev, processes=cfg.training.processes,
                       log=lambda st: context.log.debug(f"step {st['step']}: loss {st.get('loss')}"),
                       progress=lambda msg: say(context, msg), snapshots=snapshots)
     return res.stats, res.reused
