@@ -345,3 +345,118 @@ def test_comments_are_left_out_of_a_code_answer_and_case_is_folded():
     assert "executor" not in out and "more" not in out and "return x" in out
     assert code_without_comments("def f(:\n  # broken") == "def f(:\n  # broken"  # untokenizable: as it is
     assert tokens("RETURN X") == tokens("return x")
+
+
+# ------------------------------------------------------------------------------------------------
+# only the code the tests run counts (`workflow/live_code.py`)
+
+# a long, wrong draft: more tokens than the workflow's own ALT, so a share over the whole text credited it
+LONG_WRONG = ("def has_close_elements(numbers, threshold):\n"
+              "    total = 0\n"
+              "    for index, value in enumerate(numbers):\n"
+              "        if value > threshold and index % 2 == 0:\n"
+              "            total = total + value * 3 - index\n"
+              "        elif value < -threshold:\n"
+              "            total = total - value\n"
+              "    return total > len(numbers) * threshold + 1000\n")
+# executor-written helpers that nothing calls, then a wrong entry point
+HELPERS = ("def pairwise_gaps(values):\n"
+           "    ordered = sorted(values)\n"
+           "    return [later - earlier for earlier, later in zip(ordered, ordered[1:])]\n\n"
+           "def smallest_gap(values, default=None):\n"
+           "    gaps = pairwise_gaps(values)\n"
+           "    return min(gaps) if gaps else default\n\n"
+           "def has_close_elements(numbers, threshold):\n"
+           "    return False\n")
+# an executor-written helper the (executor-written) entry point calls: correct
+HELPER_CALLED = ("def distance(a, b):\n"
+                 "    return abs(a - b)\n\n"
+                 "def has_close_elements(numbers, threshold):\n"
+                 "    for i in range(len(numbers)):\n"
+                 "        for j in range(i + 1, len(numbers)):\n"
+                 "            if distance(numbers[i], numbers[j]) < threshold:\n"
+                 "                return True\n"
+                 "    return False\n")
+
+
+class Drafts(FakeCoder):
+    """Writes `draft` for every call (no repairs are asked of it in these workflows)."""
+
+    def __init__(self, draft: str):
+        super().__init__()
+        self.draft = draft
+
+    async def chat(self, messages, params):
+        return ChatResult(text=f"```python\n{self.draft}```", prompt_tokens=1, completion_tokens=1, latency_s=0.0,
+                          model=self.model)
+
+
+APPENDED = {  # the executor's code first, then the workflow's own entry point (ALT, correct), joined by the workflow
+    "a long draft, then the workflow's own entry point": LONG_WRONG,
+    "unused executor helpers, then the workflow's own entry point": HELPERS,
+}
+
+
+@pytest.mark.parametrize("name", sorted(APPENDED))
+async def test_code_the_tests_never_run_does_not_make_the_workflow_s_entry_point_the_executor_s(name, he0):
+    from spogw_dagster.workflow.runtime import execute_workflow
+
+    code = wf("x = await self.code_generate(instruction='Write the function.')\n"
+              f"return x + '\\n\\n' + {ALT!r}")
+    validate(code, "code")
+    res = await execute_workflow(code, he0, Drafts(APPENDED[name]), detect_isolation())
+    assert res.status.value == "ok", res.error
+    # counted over the whole text, the executor's dead code carried the workflow's solution past the threshold
+    assert res.whole_text_origin.origin == "executor", res.whole_text_origin
+    assert (res.answer_origin, res.executor_share) == ("workflow", 0.0)
+    r = await evaluate_workflow(code, he0, Drafts(APPENDED[name]), detect_isolation())
+    assert r.score == 0.0 and "would have scored 1" in r.detail  # python keeps the last definition: ALT passes
+
+
+LIVE_HONEST = {
+    "a draft with a workflow-written import": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        "return 'from typing import List' + '\\n' + 'import math' + '\\n' + x", CORRECT),
+    "a draft with a workflow-written __main__ block": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        "u = '_' * 2\n"  # the validator refuses a literal holding a dunder
+        "demo = 'if ' + u + 'name' + u + ' == \"' + u + 'main' + u + '\":\\n    print(has_close_elements([1.0, 2.8, 3.0], 0.3))'\n"
+        "demo = demo + '\\n    print(has_close_elements([1.0, 2.0, 3.0, 4.0, 5.0], 0.05))'\n"
+        "return x + '\\n\\n' + demo", CORRECT),
+    "an executor-written helper the entry point calls": (
+        "x = await self.code_generate(instruction='Write the function.')\n"
+        "return await self.test(solution=x)", HELPER_CALLED),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_HONEST))
+async def test_what_the_executor_wrote_of_the_code_that_runs_keeps_its_credit(name, he0):
+    body, draft = LIVE_HONEST[name]
+    code = wf(body)
+    validate(code, "code")
+    r = await evaluate_workflow(code, he0, Drafts(draft), detect_isolation())
+    assert r.status.value == "ok", r.error
+    assert (r.answer_origin, r.score) == ("executor", 1.0), (name, r.run_shares, r.detail)
+    assert r.executor_share >= 0.9
+
+
+def test_code_origin_requires_every_live_statement_to_be_the_executor_s():
+    from spogw_dagster.workflow.provenance import code_origin
+
+    helper = "def g(x):\n    return x * 2 + 7\n"  # body: return x * 2 + 7 (6 tokens), header def g ( x ) : (6)
+    entry = "def f(x):\n    return g(x) - 1\n"  # 13 tokens
+    e, w = _index(helper), _index(entry)
+    # both live (f calls g); g is the executor's (8 of its 12 tokens credited: `( x ) :` is f's text too), f
+    # the workflow's (0 of 13): the lowest share decides
+    o = code_origin(helper + entry, e, w, None, ["f"])
+    assert (o.origin, o.share, o.substance_tokens) == ("workflow", 0.0, 25)
+    # the executor wrote both: each statement's share is 1
+    assert code_origin(helper + entry, _index(helper + entry), _index(), None, ["f"]).share == 1.0
+    # f no longer calls g: g is dead and f, the workflow's, is all that is judged
+    lone = "def f(x):\n    return x - 1\n"
+    o = code_origin(helper + lone, _index(helper), _index(lone), None, ["f"])
+    assert (o.origin, o.substance_tokens) == ("workflow", 10)
+    # without roots (or code that does not parse) the whole text is judged, as before. Of g's 12 tokens, the
+    # windows `( x ) :` and `) : return x` are f's too (workflow text), so g keeps def, g, *, 2, +, 7: 6 of 22
+    o = code_origin(helper + lone, _index(helper), _index(lone), None, [])
+    assert (o.origin, o.share, o.substance_tokens) == ("workflow", pytest.approx(6 / 22), 22)

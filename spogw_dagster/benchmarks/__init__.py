@@ -21,6 +21,7 @@ from .code_tests import (
     run_public_tests,
     score_code,
     solution_code,
+    tested_names,
 )
 from .dataio import BenchmarkDataError, BenchmarkFileNotFoundError
 from .fixtures import write_drop_fixture, write_fixtures, write_hotpotqa_fixture, write_mbpp_fixture
@@ -98,6 +99,7 @@ __all__ = [
     "scored_text",
     "scorer_for",
     "solution_code",
+    "tested_names",
     "write_drop_fixture",
     "write_fixtures",
     "write_hotpotqa_fixture",

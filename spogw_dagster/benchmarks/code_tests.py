@@ -265,10 +265,23 @@ def _solution_names(problem: Problem, solution: str, test_code: str) -> tuple[st
         solution_binds = _bound_at_top(ast.parse(solution).body)
     except _UNPARSABLE:
         solution_binds = set()
+    extra = (_free_names(problem, test_code) & solution_binds) - {problem.entry_point}
+    return tuple([problem.entry_point] if problem.entry_point else []) + tuple(sorted(extra))
+
+
+def _free_names(problem: Problem, test_code: str) -> set[str]:
+    """The names `test_code` reads that neither it, the prompt's preamble nor Python's builtins bind."""
     read, bound = _names_in(test_code)
     _, preamble_binds = _names_in(_preamble(problem))
-    extra = (read & solution_binds) - bound - preamble_binds - set(dir(builtins)) - {problem.entry_point}
-    return tuple([problem.entry_point] if problem.entry_point else []) + tuple(sorted(extra))
+    return read - bound - preamble_binds - set(dir(builtins))
+
+
+def tested_names(problem: Problem) -> frozenset[str]:
+    """Every name the hidden tests may call on a solution, whatever the solution: the entry point and the
+    other free names of the tests (what `hidden_test_job` binds is these, less what a solution does not
+    define). `workflow.provenance` judges only the code these reach."""
+    names = _free_names(problem, _preamble(problem) + "\n" + problem.hidden_tests)
+    return frozenset(names | ({problem.entry_point} if problem.entry_point else set()))
 
 
 def hidden_test_job(problem: Problem, solution: str = "") -> TestJob:

@@ -29,12 +29,21 @@ The rule, decided at run time by the parent (the workflow cannot reach any of th
 - `share` = executor-credited substance tokens / substance tokens. The answer is the executor's when
   `share >= THRESHOLD` (0.5): honest post-processing (strip, extract a code block, prepend an import) keeps
   nearly all of it, a literal keeps almost none (measured: docs/security.md, "Whose answer is it?").
+- Code, judged on the code the tests can run (`live_code`): only the live top-level statements count (the
+  last definition of each name the tests call, what those read, transitively, and whatever runs at import);
+  shadowed definitions, unused helpers and `__main__` blocks are neutral, and so are imports (unless one
+  binds a tested name). **Every** live statement must be the executor's (its own share >= THRESHOLD): an
+  executor draft with the workflow's own entry point after it, or the workflow's code hidden behind executor
+  helpers, is the workflow's. `share` is then the lowest live statement's share.
 
 Origins: "executor" (credited), "workflow" (not: scores 0 and forfeits the reward's answer and executes
 rungs) and "none" (nothing scorable was returned; it scores 0 by the benchmark anyway).
 
-What it cannot see: a solution the executor is led to write without ever being sent it (a workflow that
-dictates it in pieces under K tokens, or in another encoding the executor decodes) is the executor's text.
+What it cannot see: a solution the executor is led to write without ever being sent it whole (dictated in
+one prompt in pieces under K tokens with other text between them, or in another encoding the executor
+decodes) is the executor's text. Pieces echoed by separate calls and joined by the workflow are not: every
+window across a join is in no reply. Code the tests reach only through a name computed at run time
+(`globals()[a + b]`) is not seen as live.
 """
 
 from __future__ import annotations
@@ -45,8 +54,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from .live_code import live_statements
+
 __all__ = ["K", "THRESHOLD", "EXECUTOR", "WORKFLOW", "NONE", "Provenance", "Origin", "tokens", "workflow_literals",
-           "answer_origin"]
+           "answer_origin", "code_origin"]
 
 K = 4
 THRESHOLD = 0.5
@@ -147,6 +158,44 @@ def answer_origin(scored: str, executor: NgramIndex, workflow: NgramIndex, neutr
     return Origin(EXECUTOR if share >= threshold else WORKFLOW, share, len(substance))
 
 
+def code_origin(code: str, executor: NgramIndex, workflow: NgramIndex, neutral: NgramIndex | None,
+                roots: Iterable[str], threshold: float = THRESHOLD) -> Origin:
+    """The origin of a code answer (comments already left out), judged on its live statements: each must be the
+    executor's. Windows are taken over the whole text, as `answer_origin` takes them, so an answer whose every
+    statement is live is judged on the same windows; dead statements only stop counting. Without `roots`, or
+    when the code does not parse or binds none of them, the whole text is judged (`answer_origin`)."""
+    roots = tuple(roots)
+    live = live_statements(code, roots) if roots else None
+    if live is None:
+        return answer_origin(code, executor, workflow, neutral, threshold)
+    judged = [st for st in live if not st.is_import or st.binds_root]
+    owner = [-1] * (len(code) + 1)  # per character: the judged statement it belongs to
+    for k, st in enumerate(judged):
+        owner[st.start:st.end] = [k] * (st.end - st.start)
+    # casefold character by character, keeping each folded character's source position (a fold may lengthen)
+    folded, source = [], []
+    for i, c in enumerate(code):
+        f = c.casefold()
+        folded.append(f)
+        source.extend([i] * len(f))
+    ms = list(_TOKEN.finditer("".join(folded)))
+    toks = [m.group() for m in ms]
+    stmt = [owner[source[m.start()]] for m in ms]
+    if not any(k >= 0 for k in stmt):
+        return answer_origin(code, executor, workflow, neutral, threshold)
+    in_e, in_w = _covered(toks, executor), _covered(toks, workflow)
+    is_neutral = _covered(toks, neutral) if neutral is not None else [False] * len(toks)
+    per: dict[int, list[int]] = {}
+    for j, k in enumerate(stmt):
+        if k >= 0 and not is_neutral[j]:
+            per.setdefault(k, []).append(j)
+    if not per:  # nothing but the statement is left: every live token counts
+        per = {-1: [j for j, k in enumerate(stmt) if k >= 0]}
+    shares = [sum(1 for j in js if in_e[j] and not in_w[j]) / len(js) for js in per.values()]
+    share = min(shares)
+    return Origin(EXECUTOR if share >= threshold else WORKFLOW, share, sum(len(js) for js in per.values()))
+
+
 @dataclass
 class Provenance:
     """One run's record: what the executor wrote and what the workflow carried (each operator output's source
@@ -154,6 +203,7 @@ class Provenance:
 
     literals: Iterable[str] = ()
     statement: str | None = None  # the problem statement whose tokens are neutral (code problems)
+    roots: tuple[str, ...] = ()  # code: the names the hidden tests call (`benchmarks.tested_names`)
     # math / QA: the scorer's extractor (`benchmarks.scored_text` bound to the problem); None for code
     extract: Callable[[str], str] | None = None
     answers: set[str] = field(default_factory=set)  # what each executor reply would be scored as
@@ -196,6 +246,14 @@ class Provenance:
             with contextlib.suppress(Exception):  # an unreadable reply holds no answer
                 self.answers.add(self.extract(text))
 
+    def whole_text_origin(self, scored: str) -> Origin:
+        """The code rule before it looked at what runs (every token of the text counts): for comparisons
+        (`bench/provenance_rescore.py`), never for a score."""
+        if self.extract is not None:
+            return self.origin_of(scored)
+        return answer_origin(code_without_comments(scored), self.executor, self.workflow, self.neutral,
+                             self.threshold)
+
     def code_ran(self, program: str, stdout: str) -> bool:
         """A program an operator ran: its output is executor text only when the program is the executor's."""
         mine = answer_origin(program, self.executor, self.workflow, self.neutral, self.threshold).origin == EXECUTOR
@@ -205,12 +263,13 @@ class Provenance:
         return mine
 
     def origin_of(self, scored: str) -> Origin:
-        """The origin of the answer's scored part. Code: by token coverage, comments left out. Math / QA (with
+        """The origin of the answer's scored part. Code: by token coverage of its live statements, comments left
+        out (`code_origin`). Math / QA (with
         `extract`): the executor's when some executor reply would be scored as this very answer (`answers`; the
         extractor normalises numbers, "1,200" and "1200" alike) and no window of it is workflow text."""
         if self.extract is None:
-            return answer_origin(code_without_comments(scored), self.executor, self.workflow, self.neutral,
-                                 self.threshold)
+            return code_origin(code_without_comments(scored), self.executor, self.workflow, self.neutral,
+                               self.roots, self.threshold)
         if not tokens(scored):
             return Origin(NONE, 0.0, 0)
         said = NgramIndex()

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..benchmarks import scored_text
+from ..benchmarks import scored_text, tested_names
 from ..contracts import Problem, Status, Usage, clean_json
 from ..executors.base import ExecutorError, MeteredExecutor, PromptTooLongError, RequestFaultError
 from ..sandboxing import Isolation, Limits, SandboxStartError, runner_path, signal_status, spawn
 from ..seeds import derive_seed
 from .operators import BudgetExceeded, OperatorCallError, OperatorConfig, Operators
 from .parser import ALLOWED_IMPORTS, SAFE_BUILTINS, ValidationLimits, WorkflowRejected, validate
-from .provenance import Provenance, workflow_literals
+from .provenance import Origin, Provenance, workflow_literals
 from .template import PRODUCING_OPERATORS, operator_names
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class WorkflowRunResult:
     # whose the final answer is (`workflow.provenance`): executor | workflow | none ("" when no answer)
     answer_origin: str = ""
     executor_share: float | None = None  # the executor-credited share of the answer's substance tokens
+    # the origin by the rule that counted every token of a code answer, dead code included: for comparisons only
+    whole_text_origin: Origin | None = None
 
     @property
     def produced(self) -> bool:
@@ -125,6 +127,7 @@ async def execute_workflow(
     metered = _FaultTimer(executor)
     code_family = problem.family == "code"
     prov = Provenance(workflow_literals(code), problem.question if code_family else None,
+                      roots=tuple(sorted(tested_names(problem))) if code_family else (),
                       extract=None if code_family else functools.partial(scored_text, problem))
     # The run seed leaves the workflow out (common random numbers): the k-th executor call of any workflow on this
     # query and seed draws with the same seed, so two workflows that send the same prompt get the same reply, a
@@ -142,8 +145,10 @@ async def execute_workflow(
     result = WorkflowRunResult(status, answer, error, metered.usage, ops.operator_calls, iso.name,
                                time.monotonic() - t0, ops.trace)
     if status == Status.OK:
-        origin = prov.origin_of(scored_text(problem, answer))
+        scored = scored_text(problem, answer)
+        origin = prov.origin_of(scored)
         result.answer_origin, result.executor_share = origin.origin, origin.share
+        result.whole_text_origin = prov.whole_text_origin(scored)
     return result
 
 
