@@ -460,3 +460,19 @@ def test_code_origin_requires_every_live_statement_to_be_the_executor_s():
     # windows `( x ) :` and `) : return x` are f's too (workflow text), so g keeps def, g, *, 2, +, 7: 6 of 22
     o = code_origin(helper + lone, _index(helper), _index(lone), None, [])
     assert (o.origin, o.share, o.substance_tokens) == ("workflow", pytest.approx(6 / 22), 22)
+
+
+def test_pieces_echoed_by_separate_calls_and_joined_are_the_workflow_s(he0):
+    # the workflow dictates CORRECT in pieces of 3 tokens, one call each, the executor echoes each, and the
+    # workflow joins the replies: each piece is under K tokens, so no window of the joined answer is in any reply
+    bounds = [m.start() for m in re.finditer(r"[A-Za-z_][A-Za-z_0-9]*|\d+|\S", CORRECT)][::3] + [len(CORRECT)]
+    pieces = [CORRECT[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert "".join(pieces) == CORRECT and len(pieces) > 10
+    p = Provenance(statement=he0.question, roots=(he0.entry_point,))
+    for piece in pieces:
+        p.sent(f"{REPEAT} {piece}")
+        p.replied(piece)
+    assert (p.origin_of(CORRECT).origin, p.origin_of(CORRECT).share) == ("workflow", 0.0)
+    # the same answer written by the executor in one reply is its own
+    p.replied(CORRECT)
+    assert p.origin_of(CORRECT).origin == "executor"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 import pytest
 
@@ -161,6 +163,18 @@ def _heldout():
         _hrow("baseline:io", "baseline", "greedy", "a", 0, "ok", Status.OK, 1.0, ["ok"], calls=1),
         _hrow("baseline:io", "baseline", "greedy", "b", 0, "ok", Status.OK, 0.0, ["ok"], calls=1),
     ])
+
+
+def test_heldout_rows_keep_what_each_workflow_answered():
+    hs = tables.HeldoutSample("spogw@0001", "checkpoint", "greedy", "a", 0, 5, 100, 0.0, "ok", WF)
+    res = _result("a", Status.OK, 1.0, ["ok"], 1)
+    res.answer = "def f(x):\n    return x\n"
+    assert tables.heldout_row(1, "test", hs, res, LADDER)["answer"] == "def f(x):\n    return x\n"
+    res.answer = "x" * (tables.MAX_ANSWER_CHARS + 5)  # kept cut to the cap, as execution_scores keeps it
+    assert tables.heldout_row(1, "test", hs, res, LADDER)["answer"] == "x" * tables.MAX_ANSWER_CHARS
+    rejected = _result("a", Status.INVALID, 0.0)
+    assert tables.heldout_row(1, "test", dataclasses.replace(hs, parse_status="invalid"), rejected,
+                              LADDER)["answer"] == ""
 
 
 def test_heldout_rows_valid_executes_reward_trivial():

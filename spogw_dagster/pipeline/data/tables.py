@@ -110,6 +110,8 @@ def sampled_frame(
 # ------------------------------------------------------------------------------------------------
 # execution_scores
 
+MAX_ANSWER_CHARS = 2000  # an answer longer than a solution needs is kept cut, not whole
+
 EXECUTION_SCHEMA: dict[str, pl.DataType] = {
     "iteration": pl.Int64(),
     "query_id": pl.String(),
@@ -137,7 +139,7 @@ EXECUTION_SCHEMA: dict[str, pl.DataType] = {
 
 
 def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: str, result, ladder: Ladder,
-                  *, workflow: str | None = None, max_answer_chars: int = 2000) -> dict[str, Any]:
+                  *, workflow: str | None = None, max_answer_chars: int = MAX_ANSWER_CHARS) -> dict[str, Any]:
     """One execution_scores row from an `evaluation.EvalResult` (or a rejected result with no runs).
     `workflow`: the validated code (None when rejected), to tell trivial workflows apart."""
     answer_score = float(result.score)
@@ -338,6 +340,9 @@ HELDOUT_SCHEMA: dict[str, pl.DataType] = {
     "checkpoint_iteration": pl.Int64(),  # whose checkpoint generated the workflow (null: base / baseline)
     "adapter_sha256": pl.String(),
     "workflow": pl.String(),
+    # what the workflow answered (its first run's answer, as execution_scores keeps it; "" when it did not
+    # answer), so a checkpoint's answers can be read and scored again
+    "answer": pl.String(),
     "error": pl.String(),
 }
 
@@ -405,7 +410,8 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
         "prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens,
         "checkpoint_iteration": s.checkpoint_iteration, "adapter_sha256": s.adapter_sha256,
-        "workflow": s.workflow, "error": (result.error or "")[:1000],
+        "workflow": s.workflow, "answer": (result.answer or "")[:MAX_ANSWER_CHARS],
+        "error": (result.error or "")[:1000],
     }
 
 

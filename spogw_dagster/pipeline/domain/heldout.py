@@ -129,14 +129,16 @@ def heldout_runs(cfg) -> int:
 
 def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     """Everything a baseline's rows depend on (not the generator, not the checkpoint). Format 3: the executor's
-    run seed no longer includes the workflow's text (common random numbers), so rows of format 2 drew otherwise."""
+    run seed no longer includes the workflow's text (common random numbers), so rows of format 2 drew otherwise.
+    Format 4: rows keep the answer, and code answers are judged on the code the tests run (`workflow.live_code`);
+    the executor's calls are the same, so the call cache serves a format-3 baseline's rerun."""
 
     c = cfg.canonical()
     rep = c["report"]
     doc = {"code": baseline_workflow(problems[0].family, method), "benchmark": c["benchmark"]["name"],
            "queries": [[p.id, p.question, p.answer] for p in problems], "executor": executor_identity(c["executor"]),
            "execution": c["execution"], "reward": c["reward"],
-           "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 3}
+           "report": {k: rep[k] for k in ("seed", "greedy", "baseline_samples", "split")}, "format": 4}
     if rep.get("runs") is not None:  # only when set: the keys of every earlier baseline stay valid
         doc["runs"] = heldout_runs(cfg)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
