@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MEASURED", "PathChoice", "paths_for", "shared_prompt_for", "prefix_sharing_for"]
+__all__ = ["MEASURED", "PathChoice", "paths_for", "shared_prompt_for", "prefix_sharing_for", "cpu_features"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,20 @@ def prefix_sharing_for(device_type: str, setting: bool | None = None) -> bool:
         return bool(setting)
     m = paths_for(device_type)
     return m.prefix_sharing if m is not None else False
+
+
+def cpu_features(cpuinfo: str | None = None) -> dict[str, bool]:
+    """Whether this CPU computes bfloat16 natively: AVX512-BF16 (`avx512_bf16`) or AMX (`amx_bf16`), from
+    /proc/cpuinfo's flags (`cpuinfo`: its text, for tests). Elsewhere (no /proc, another OS) both are False."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    return {"avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
