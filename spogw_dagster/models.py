@@ -34,6 +34,7 @@ from typing import Any
 from spogw_dagster import paths
 from spogw_dagster.adapter_files import ADAPTER_CONFIG
 from spogw_dagster.bundled_models import all_aliases, find, gguf_path
+from spogw_dagster.core.device_paths import dtype_for
 from spogw_dagster.fsutil import file_lock, file_sha256
 
 DEFAULT_MODEL = "smollm2"
@@ -219,17 +220,31 @@ def load_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL):
     return tok
 
 
+def resolve_dtype(dtype: str, device: str | None = None) -> str:
+    """A dtype setting as a torch dtype name: "auto" becomes what `core.device_paths.dtype_for` chooses for
+    `device` (None: cuda when available, else cpu, as the sampler and trainer choose their device)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    kind = str(device).split(":")[0] if device not in (None, "auto") else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    return dtype_for(kind, "auto", cuda_bf16=kind != "cuda" or torch.cuda.is_bf16_supported())
+
+
 def load_model_and_tokenizer(
     spec: str | os.PathLike[str] = DEFAULT_MODEL,
     dtype: Any = "float32",
     adapter_path: str | os.PathLike[str] | None = None,
     adapter_name: str = "default",
     trainable: bool = False,
+    device: str | None = None,
 ):
     """Load (model, tokenizer) from a spec; with `adapter_path`, the model is a `peft.PeftModel`.
 
     The model is in eval mode; `trainable=True` loads the adapter with its LoRA weights trainable.
-    The tokenizer always has a pad token (the EOS token when the model defines none).
+    The tokenizer always has a pad token (the EOS token when the model defines none). `dtype` "auto" is chosen
+    for `device` (`resolve_dtype`); the model stays on the CPU until the caller moves it.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -237,7 +252,7 @@ def load_model_and_tokenizer(
     _offline_env()
     folder = resolve_model(spec)
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        dtype = getattr(torch, resolve_dtype(dtype, device))
     with _quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, local_files_only=True)
     tok = load_tokenizer(folder)

@@ -57,3 +57,46 @@ def test_a_run_that_took_either_path_is_the_same_run():
     recorded = {**asked.to_dict(), "shared_prompt": True}
     assert config_identity(recorded) == asked.identity()
     assert config_identity({**recorded, "seed": 4}) != asked.identity()  # anything else still tells runs apart
+
+
+def test_native_bfloat16_is_read_from_the_cpu_flags():
+    from spogw_dagster.core.device_paths import cpu_features
+
+    epyc = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\nbugs\t\t: amx_bf16\n"
+    assert cpu_features(epyc) == {"avx512_bf16": True, "amx_bf16": False}  # only the flags line counts
+    sapphire = "flags\t\t: avx512f amx_tile amx_bf16 amx_int8\n"
+    assert cpu_features(sapphire) == {"avx512_bf16": False, "amx_bf16": True}
+    assert cpu_features("flags\t\t: sse avx2\n") == {"avx512_bf16": False, "amx_bf16": False}
+    assert cpu_features("") == {"avx512_bf16": False, "amx_bf16": False}  # no /proc/cpuinfo: nothing native
+
+
+def test_auto_takes_bfloat16_only_where_it_is_native_and_measured_faster(monkeypatch):
+    from spogw_dagster.core import device_paths as dp
+
+    native, none = {"avx512_bf16": True, "amx_bf16": False}, {"avx512_bf16": False, "amx_bf16": False}
+    amx = {"avx512_bf16": False, "amx_bf16": True}
+    monkeypatch.setitem(dp.BF16_MEASURED, "cpu", dp.DtypeChoice(2.3, 1.8, "by hand"))
+    assert dp.dtype_for("cpu", "auto", native) == "bfloat16" and dp.dtype_for("cpu", "auto", amx) == "bfloat16"
+    assert dp.dtype_for("cpu", "auto", none) == "float32"  # emulated bfloat16 is slow: float32
+    assert dp.dtype_for("cuda:0", "auto") == "bfloat16" and dp.dtype_for("cuda", "auto", cuda_bf16=False) == "float32"
+    assert dp.dtype_for("mps", "auto", native) == "float32"  # nothing measured there
+    for setting in ("float32", "bfloat16", "float16"):  # a setting wins
+        assert dp.dtype_for("cpu", setting, none) == setting
+    # measured slower for training on this CPU: float32, though sampling gained
+    monkeypatch.setitem(dp.BF16_MEASURED, "cpu", dp.DtypeChoice(2.3, 0.9, "by hand"))
+    assert dp.dtype_for("cpu", "auto", native) == "float32"
+    monkeypatch.delitem(dp.BF16_MEASURED, "cpu")
+    assert dp.dtype_for("cpu", "auto", native) == "float32"
+
+
+def test_the_loader_and_the_configs_take_auto():
+    from spogw_dagster.core.device_paths import dtype_for
+    from spogw_dagster.core.training import TrainConfig
+    from spogw_dagster.models import resolve_dtype
+    from spogw_dagster.pipeline.settings import load_config
+
+    assert resolve_dtype("float32", "cpu") == "float32"
+    assert resolve_dtype("auto", "cpu") == dtype_for("cpu", "auto")  # this machine's CPU flags decide
+    assert TrainConfig(dtype="auto").dtype == "auto"
+    cfg = load_config("tiny", overrides={"generator": {"dtype": "auto"}})
+    assert cfg.train_config().dtype == "auto" and cfg.hash != load_config("tiny").hash

@@ -1,5 +1,8 @@
 """Which computation path wins on which device, from measurements we recorded (pure; no torch import).
 
+Which number type the generator computes in (`dtype: auto`) is chosen here too, from a recorded measurement
+(`BF16_MEASURED`, `dtype_for`); unlike the paths, the two types do not give the same numbers.
+
 Two paths compute the same numbers in two ways, and which one is faster depends on the device:
 
 - training (`TrainConfig.shared_prompt`): each distinct prompt of a micro-batch runs once and its KV cache is
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MEASURED", "PathChoice", "paths_for", "shared_prompt_for", "prefix_sharing_for", "cpu_features"]
+__all__ = ["MEASURED", "PathChoice", "paths_for", "shared_prompt_for", "prefix_sharing_for", "cpu_features",
+           "BF16_MEASURED", "DtypeChoice", "dtype_for"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,41 @@ def cpu_features(cpuinfo: str | None = None) -> dict[str, bool]:
             flags = set(line.partition(":")[2].split())
             break
     return {"avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """Speed of the generator in bfloat16 over float32 (> 1: bfloat16 is faster), with where it was measured."""
+
+    sample_ratio: float  # sampling tokens per second
+    train_ratio: float  # optimizer-step throughput
+    source: str
+
+
+BF16_MEASURED: dict[str, DtypeChoice] = {
+    # bench/generator_dtype.py on 2 CPU cores with AVX512-BF16 (AMD EPYC, no AMX), Qwen2.5-Coder-0.5B, the
+    # answers profile's prompts and training config, alternating, under load, 2026-12-07: sampling 2.12x,
+    # optimizer step 1.46x (the π_ref pass 1.69x), peak RSS 0.71x (docs/measurements.md). AMX is untested here:
+    # it is taken on the same evidence (oneDNN's bfloat16 kernels use it where AVX512-BF16 is absent).
+    "cpu": DtypeChoice(sample_ratio=2.12, train_ratio=1.46,
+                       source="2 CPU cores, AVX512-BF16, Qwen2.5-Coder-0.5B, 2026-12-07"),
+}
+
+
+def dtype_for(device_type: str, setting: str = "auto", features: dict[str, bool] | None = None,
+              cuda_bf16: bool = True) -> str:
+    """The generator's number type: `setting` unless it is "auto"; then bfloat16 on a GPU that computes it
+    (`cuda_bf16`), and on a CPU that computes it natively (AVX512-BF16 or AMX, `cpu_features`) where bfloat16
+    was measured faster for both sampling and training; float32 everywhere else (a CPU without native
+    bfloat16 emulates it, slowly)."""
+    if setting != "auto":
+        return setting
+    kind = str(device_type).split(":")[0]
+    if kind == "cuda":
+        return "bfloat16" if cuda_bf16 else "float32"
+    if kind == "cpu":
+        f = cpu_features() if features is None else features
+        m = BF16_MEASURED.get("cpu")
+        if (f.get("avx512_bf16") or f.get("amx_bf16")) and m is not None and min(m.sample_ratio, m.train_ratio) > 1:
+            return "bfloat16"
+    return "float32"

@@ -112,7 +112,9 @@ class GeneratorSection(_Section):
     max_new_tokens: int = Field(128, ge=1)
     batch_size: int = Field(8, ge=1)
     seed: int = 0
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # "auto": bfloat16 where the device computes it natively and it was measured faster, else float32
+    # (core/device_paths.dtype_for; the trainer's stats record the type taken)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     # what the prompt shows besides the operators (workflow/template.PROMPT_STYLES)
     prompt: Literal["examples", "one_example", "operators", "anchored"] = "examples"
     # add the workflows the prompt shows to every training query's samples (off-policy rows scored and grouped

@@ -316,13 +316,13 @@ class TransformersSampler:
         self.seed = int(seed)
         self.model_spec = str(model_spec)
         self.adapter_path = str(adapter_path) if adapter_path is not None else None
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if model is None:
-            model, tok = load_model_and_tokenizer(model_spec, dtype=dtype, adapter_path=adapter_path)
+            model, tok = load_model_and_tokenizer(model_spec, dtype=dtype, adapter_path=adapter_path, device=device)
             tokenizer = tokenizer or tok
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with a preloaded model")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.prefix_sharing = prefix_sharing_for(self.device.type, prefix_sharing)
         self.model = model.to(self.device).eval()

@@ -26,7 +26,8 @@ class TrainConfig(ObjectiveConfig):
                 `logprob_temperature` (the objective's: 1.0 for score_dpo / rwr, `temperature` otherwise).
     Misc:       seed; eval_after (one more no-grad pass: per-example mean log-prob before/after training in
                 the stats, and its change for positive- and negative-advantage rows); max_completion_tokens (truncate longer completions; None = keep all);
-                dtype ("float32" on the CPU); device ("auto" = cuda when available).
+                dtype ("float32"; "auto": bfloat16 where the device computes it natively and it was measured
+                faster, core/device_paths.py); device ("auto" = cuda when available).
     Forward:    shared_prompt (default None: the path measured faster on the device, `core.device_paths`:
                 shared on the CPU, per-row on CUDA): True runs every distinct prompt of a micro-batch once, with
                 gradients, and indexes its KV cache out to the rows that share it, so only the completion
@@ -157,8 +158,9 @@ class TrainConfig(ObjectiveConfig):
             raise ConfigError(f"{c}.aggregate_unique={self.aggregate_unique!r}: must be True or False.")
         if self.max_completion_tokens is not None:
             req_int("max_completion_tokens", 1)
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16' or 'float16'.")
+        if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16', 'float16' or 'auto' "
+                              "(bfloat16 where the device computes it natively and it was measured faster).")
 
     @property
     def aggregates(self) -> bool:

@@ -57,7 +57,7 @@ from spogw_dagster.core.training.logprobs import score_completions
 from spogw_dagster.core.training.optimize import optimize
 from spogw_dagster.core.training.passes import device_for, log_prob_shift, reference_passes, shared_path
 from spogw_dagster.core.training.snapshots import plan as plan_snapshots
-from spogw_dagster.models import load_model_and_tokenizer
+from spogw_dagster.models import load_model_and_tokenizer, resolve_dtype
 
 __all__ = ["train_lora", "score_examples"]
 
@@ -85,8 +85,10 @@ def train_lora(
     (`core.training.distributed`: micro-batches sharded, gradients summed); rank 0 alone logs and writes the folder,
     and the run hash is the 1-process run's (the number of processes is not part of what is trained)."""
 
-
     cfg = cfg or TrainConfig()
+    # "auto" becomes the number type this device computes in before the run is identified: the run hash and
+    # the stats name the type the numbers came from
+    cfg = replace(cfg, dtype=resolve_dtype(cfg.dtype, device_for(cfg).type))
     exs, out, folder, prev, hashes = identify_run(examples, cfg, output_dir, base_model, previous_adapter)
     run_hash = sha(hashes)
     if reuse_existing and (done := finished_run_stats(out, run_hash)) is not None:
