@@ -182,3 +182,32 @@ def test_float32_noise_floor_of_the_per_row_path(lora_model):
     scale = max(float(g.abs().max()) for g in together.values())
     worst = max(float((together[n] - alone[n]).abs().max()) for n in together)
     assert 1e-7 * scale < worst < GRAD_TOL * scale
+
+
+def _full_logits_logprobs(model, batch, T: float) -> torch.Tensor:
+    """The convention computed the plain way, every logit at once: log softmax(logits / T)[token], per row."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False)
+    logits = out.logits[:, -(batch.completion_len + 1):-1, :].float() / T
+    lp = torch.log_softmax(logits, dim=-1).gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    return lp * batch.completion_mask
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("shared", [False, True])
+def test_logits_taken_in_chunks_give_the_full_logits_numbers_and_gradients(lora_model, monkeypatch, shared):
+    # chunks of 3 positions cut through rows (completions of 1 to ~12 tokens): each chunk's logits are recomputed
+    # in the backward pass, yet log-probs and LoRA gradients are those of the whole [B, C, V] logits
+    from spogw_dagster.core.training import logprobs as lpm
+
+    model, tok = lora_model
+    items = _items(tok)
+    prompts, completions = [x.prompt_ids for x in items], [x.completion_ids for x in items]
+    T = 0.7
+    ref = _full_logits_logprobs(model, build_completion_batch(prompts, completions, tok.pad_token_id), T)
+    g_ref = dict(zip(_lora_params(model), torch.autograd.grad(ref.sum(), list(_lora_params(model).values()))))
+    monkeypatch.setattr(lpm, "LOGIT_CHUNK", 3)
+    got = completion_logprobs(model, lpm.build_batch(prompts, completions, tok.pad_token_id, shared), T)
+    g_got = dict(zip(_lora_params(model), torch.autograd.grad(got.sum(), list(_lora_params(model).values()))))
+    assert torch.allclose(got, ref, rtol=LOGP_TOL, atol=LOGP_TOL), (got - ref).abs().max()
+    assert _max_diff(g_got, g_ref) <= GRAD_TOL * _max_abs(g_ref)

@@ -15,7 +15,7 @@ Two layouts give the same numbers (the same model function; fp32 rounding differ
 
 * per row (`CompletionBatch`): every row is ``[left pads][prompt][completion][right pads]`` with all
   completions starting at the same column P (the longest prompt). Only the completion span goes through the
-  LM head (``logits_to_keep``), which keeps the [B, T, V] logits tensor small. Position ids are computed
+  LM head, LOGIT_CHUNK positions at a time, so no [B, C, V] logits tensor is ever whole. Position ids are computed
   from the attention mask, so the left pads do not shift positions.
 * shared prompt (`SharedPromptBatch`): the m rows sampled for one query share its prompt, so each distinct
   prompt runs once (left-padded, ``[U, Lp]``); its KV cache is indexed out to the rows that continue it and
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.utils.checkpoint
 
 
 @dataclass
@@ -99,6 +100,36 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+# Positions whose logits exist at once: the output layer and the log-softmax run per chunk (and again per chunk in
+# the backward pass), so a micro-batch never holds its [B, C, V] logits: over Qwen's 151,936-token vocabulary
+# those (with their float32 copies and gradient) were most of a training step's memory (docs/measurements.md).
+LOGIT_CHUNK = 256
+
+
+def _body_and_head(model):
+    """The model without its output layer (LoRA layers and a disabled adapter included), and the output layer."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, base.base_model_prefix), base.get_output_embeddings()
+
+
+def _token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, T: float) -> torch.Tensor:
+    """log softmax(head(hidden) / T)[targets] ([B, C, H] hidden states, [B, C] targets), LOGIT_CHUNK positions at
+    a time; with gradients, each chunk's logits are recomputed in the backward pass instead of kept."""
+    B, C, H = hidden.shape
+    h, t = hidden.reshape(B * C, H), targets.reshape(B * C)
+
+    def chunk(hh: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
+        logits = head(hh)
+        if T != 1.0:
+            logits = _at_least_fp32(logits) / T
+        return selective_log_softmax(logits, tt)
+
+    keep = torch.is_grad_enabled() and h.requires_grad
+    parts = [torch.utils.checkpoint.checkpoint(chunk, h[s:s + LOGIT_CHUNK], t[s:s + LOGIT_CHUNK], use_reentrant=False)
+             if keep else chunk(h[s:s + LOGIT_CHUNK], t[s:s + LOGIT_CHUNK]) for s in range(0, B * C, LOGIT_CHUNK)]
+    return torch.cat(parts).reshape(B, C)
+
+
 def completion_logprobs(
     model, batch: "CompletionBatch | SharedPromptBatch", temperature: float = 1.0
 ) -> torch.Tensor:
@@ -110,18 +141,15 @@ def completion_logprobs(
         return shared_prompt_logprobs(model, batch, temperature)
     T = _temperature(temperature)
     C = batch.completion_len
-    out = model(
+    body, head = _body_and_head(model)
+    out = body(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         use_cache=False,
-        logits_to_keep=C + 1,
     )
-    logits = out.logits[:, :-1, :]  # predictions for columns P .. P+C-1
-    if T != 1.0:
-        logits = _at_least_fp32(logits) / T
-    lp = selective_log_softmax(logits, batch.completion_ids)
-    return lp * batch.completion_mask
+    hidden = out.last_hidden_state[:, -(C + 1):-1, :]  # predictions for columns P .. P+C-1
+    return _token_logprobs(head, hidden, batch.completion_ids, T) * batch.completion_mask
 
 
 def _temperature(temperature: float | None) -> float:
@@ -195,14 +223,9 @@ def build_batch(
     return build_completion_batch(prompts, completions, pad_id)
 
 
-def _cache_argument(model) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache` (the old name works until 5.40)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _cache_argument_of(type(base))
-
-
 @functools.lru_cache(maxsize=None)
 def _cache_argument_of(model_class: type) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache` (the old name works until 5.40)."""
     return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
@@ -223,36 +246,33 @@ def _rows_cache(prompt_cache, row_prompt: torch.Tensor):
 def shared_prompt_logprobs(model, batch: SharedPromptBatch, temperature: float = 1.0) -> torch.Tensor:
     """Per-token log-probs [B, C] like `completion_logprobs`, running each distinct prompt once."""
     T = _temperature(temperature)
-    cache_arg = _cache_argument(model)
+    body, head = _body_and_head(model)
+    cache_arg = _cache_argument_of(type(body))
     idx = batch.row_prompt
-    # the prompts, once: their keys/values (with the graph of the LoRA weights) and the last position's logits
-    out = model(
+    # the prompts, once: their keys/values (with the graph of the LoRA weights) and the last position's state
+    out = body(
         input_ids=batch.prompt_ids,
         attention_mask=batch.prompt_mask,
         position_ids=batch.prompt_positions,
         use_cache=True,
-        logits_to_keep=1,
     )
     prompt_cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-    logits = out.logits[idx]  # [B, 1, V]: predicts each row's first completion token
+    hidden = out.last_hidden_state[idx, -1:, :]  # [B, 1, H]: predicts each row's first completion token
     C = batch.completion_len
     if C > 1:  # the completions, per row, on top of their prompt's cache (the last token predicts nothing)
         tail = batch.completion_ids[:, : C - 1]
         attention = torch.cat([batch.prompt_mask[idx], batch.completion_mask[:, : C - 1].to(torch.long)], dim=1)
         start = batch.prompt_mask.sum(-1)[idx].unsqueeze(-1)  # each prompt's length = first completion position
         positions = start + torch.arange(C - 1, device=tail.device).unsqueeze(0)
-        out = model(
+        out = body(
             input_ids=tail,
             attention_mask=attention,
             position_ids=positions,
             use_cache=True,
             **{cache_arg: _rows_cache(prompt_cache, idx)},
         )
-        logits = torch.cat([logits, out.logits], dim=1)  # [B, C, V]
-    if T != 1.0:
-        logits = _at_least_fp32(logits) / T
-    lp = selective_log_softmax(logits, batch.completion_ids)
-    return lp * batch.completion_mask
+        hidden = torch.cat([hidden, out.last_hidden_state], dim=1)  # [B, C, H]
+    return _token_logprobs(head, hidden, batch.completion_ids, T) * batch.completion_mask
 
 
 # --------------------------------------------------------------------------------------------------
