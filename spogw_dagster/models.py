@@ -229,7 +229,8 @@ def resolve_dtype(dtype: str, device: str | None = None) -> str:
 
     kind = str(device).split(":")[0] if device not in (None, "auto") else (
         "cuda" if torch.cuda.is_available() else "cpu")
-    return dtype_for(kind, "auto", cuda_bf16=kind != "cuda" or torch.cuda.is_bf16_supported())
+    # native only: a T4 or V100 emulates bfloat16 (slowly), as a CPU without AVX512-BF16 or AMX does
+    return dtype_for(kind, "auto", cuda_bf16=kind != "cuda" or torch.cuda.is_bf16_supported(including_emulation=False))
 
 
 def load_model_and_tokenizer(

@@ -337,7 +337,7 @@ def test_comments_are_left_out_of_a_code_answer_and_case_is_folded():
 
 
 # ------------------------------------------------------------------------------------------------
-# only the code the tests run counts (`workflow/live_code.py`)
+# only the code the tests run counts (`benchmarks/live_code.py`)
 
 # a long, wrong draft: more tokens than the workflow's own ALT, so a share over the whole text credited it
 LONG_WRONG = ("def has_close_elements(numbers, threshold):\n"
@@ -400,6 +400,17 @@ async def test_code_the_tests_never_run_does_not_make_the_workflow_s_entry_point
     assert (res.answer_origin, res.executor_share) == ("workflow", 0.0)
     r = await evaluate_workflow(code, he0, Drafts(APPENDED[name]), detect_isolation())
     assert r.score == 0.0 and "would have scored 1" in r.detail  # python keeps the last definition: ALT passes
+
+
+async def test_the_workflow_s_entry_point_cannot_hide_behind_a_draft_that_may_not_run(he0):
+    # its own ALT first, then the executor's draft inside `if False:` (a binding that never happens)
+    code = wf("x = await self.code_generate(instruction='Write the function.')\n"
+              f"return {ALT!r} + '\\nif False:\\n    ' + x.replace('\\n', '\\n    ')")
+    validate(code, "code")
+    r = await evaluate_workflow(code, he0, Drafts(LONG_WRONG), detect_isolation())
+    assert r.status.value == "ok", r.error
+    assert (r.answer_origin, r.score) == ("workflow", 0.0), (r.run_shares, r.detail)
+    assert "would have scored 1" in r.detail
 
 
 LIVE_HONEST = {

@@ -9,7 +9,9 @@ prompt + completion + tests as one program): top-level statements (lookup tables
 `try: from math import gcd` / `except ImportError:`, a set filled by `.update(...)`, a lambda entry point,
 a stray example call) all run when the solution's module loads; `if __name__ == "__main__":` blocks do not
 run there (the module is not `__main__`, as in the harness), and reading stdin raises OSError (as in the
-harness's swallow_io). Where we differ from the harness, we are more lenient about the text: markdown
+harness's swallow_io). Statements the tests cannot reach (a shadowed definition, a helper nothing reads:
+`live_code`) are replaced by `pass` before the module runs, so what answer provenance did not judge cannot
+decide the verdict. Where we differ from the harness, we are more lenient about the text: markdown
 fences are taken apart, unindented prose lines that break parsing are blanked, a bare word or constant on a
 line of its own is dropped, and a tail cut off mid-statement is dropped. And stricter about the tests: they
 run with the prompt's own helpers (HumanEval/32's `poly`, /38's `encode_cyclic`), so a solution cannot pass
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ..contracts import Problem, Status
+from .live_code import live_only
 from .verdict import CodeSandbox, ScoringInfrastructureError, TestJob, Verdict, judge
 
 RunCode = Callable[[str], Awaitable[Any]]
@@ -347,6 +350,8 @@ async def score_code(problem: Problem, solution_text: str, sandbox: CodeSandbox)
     early = _unrunnable(problem, code)
     if early is not None:
         return early
+    # only what answer provenance judged runs: a statement it calls dead cannot decide the verdict
+    code = live_only(code, tested_names(problem)) or code
     verdict = await judge(_module(problem, code), hidden_test_job(problem, code), sandbox)
     return ScoreDetail(1.0 if verdict.passed else 0.0, verdict.detail, code[:2000])
 

@@ -54,7 +54,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from .live_code import live_statements
+from ..benchmarks.live_code import live_statements
 
 __all__ = ["K", "THRESHOLD", "EXECUTOR", "WORKFLOW", "NONE", "Provenance", "Origin", "tokens", "workflow_literals",
            "answer_origin", "code_origin"]
@@ -168,7 +168,7 @@ def code_origin(code: str, executor: NgramIndex, workflow: NgramIndex, neutral: 
     live = live_statements(code, roots) if roots else None
     if live is None:
         return answer_origin(code, executor, workflow, neutral, threshold)
-    judged = [st for st in live if not st.is_import or st.binds_root]
+    judged = [st for st in live if not st.neutral]
     owner = [-1] * (len(code) + 1)  # per character: the judged statement it belongs to
     for k, st in enumerate(judged):
         owner[st.start:st.end] = [k] * (st.end - st.start)

@@ -106,9 +106,20 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Te
 LOGIT_CHUNK = 256
 
 
+# config fields of architectures whose logits are not just the output layer of the last hidden state (Gemma's
+# softcapping, Cohere's scale, Granite's scaling): computing them from the body's output would be wrong
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "scale_width")
+
+
 def _body_and_head(model):
     """The model without its output layer (LoRA layers and a disabled adapter included), and the output layer."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    odd = [k for k in _LOGIT_TRANSFORMS if getattr(cfg, k, None) not in (None, 1, 1.0)]
+    if odd:
+        raise ValueError(f"{type(base).__name__} transforms its logits ({', '.join(odd)}): the trainer's log-probs "
+                         "take the output layer of the last hidden state in chunks and would differ from the "
+                         "sampler's; fix: use a generator without a logit transform (Llama, Qwen2, Mistral, ...)")
     return getattr(base, base.base_model_prefix), base.get_output_embeddings()
 
 
@@ -116,6 +127,8 @@ def _token_logprobs(head, hidden: torch.Tensor, targets: torch.Tensor, T: float)
     """log softmax(head(hidden) / T)[targets] ([B, C, H] hidden states, [B, C] targets), LOGIT_CHUNK positions at
     a time; with gradients, each chunk's logits are recomputed in the backward pass instead of kept."""
     B, C, H = hidden.shape
+    if B * C == 0:
+        return hidden.new_zeros((B, C), dtype=torch.promote_types(hidden.dtype, torch.float32))
     h, t = hidden.reshape(B * C, H), targets.reshape(B * C)
 
     def chunk(hh: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from spogw_dagster.contracts import Problem
 from spogw_dagster.core.inference.sampling import make_sampler
 from spogw_dagster.executors.attribution import FaultAttributingExecutor
 from spogw_dagster.executors.factory import make_executor
+from spogw_dagster.models import resolve_dtype
 from spogw_dagster.pipeline.data.storage import AssetStore
 from spogw_dagster.pipeline.settings import ConfigValidationError, SpogwConfig, parse_config
 from spogw_dagster.sandboxing import detect_isolation
@@ -105,8 +106,10 @@ class PipelineResource(dg.ConfigurableResource):
 
     def sampler(self, adapter_path: str | Path | None, seed: int):
         g = self.config().generator
+        # "auto" resolved here for every backend: vLLM's own "auto" (the checkpoint's type, fp16 on older GPUs)
+        # could differ from the trainer's, and π_old must come from the type training recomputes it in
         return make_sampler(g.backend, model_spec=g.model, adapter_path=str(adapter_path) if adapter_path else None,
-                            batch_size=g.batch_size, seed=seed, dtype=g.dtype)
+                            batch_size=g.batch_size, seed=seed, dtype=resolve_dtype(g.dtype))
 
     @contextlib.asynccontextmanager
     async def executor(self) -> AsyncIterator["ExecutorSession"]:

@@ -130,7 +130,7 @@ def heldout_runs(cfg) -> int:
 def baseline_cache_key(method: str, problems: Sequence[Problem], cfg) -> str:
     """Everything a baseline's rows depend on (not the generator, not the checkpoint). Format 3: the executor's
     run seed no longer includes the workflow's text (common random numbers), so rows of format 2 drew otherwise.
-    Format 4: rows keep the answer, and code answers are judged on the code the tests run (`workflow.live_code`);
+    Format 4: rows keep the answer, and code answers are judged on the code the tests run (`benchmarks.live_code`);
     the executor's calls are the same, so the call cache serves a format-3 baseline's rerun."""
 
     c = cfg.canonical()

@@ -1,22 +1,27 @@
 """What the tests can run of a code answer (pure): its live top-level statements.
 
 The solution's module runs top to bottom (as `__solution__`, so an `if __name__ == "__main__":` block never
-runs), then the tests call the names they need: the entry point, and for some MBPP tasks another name. Of an
-answer's text, only this decides the verdict:
+runs, unless the module may rebind `__name__`), then the tests call the names they need: the entry point, and
+for some MBPP tasks another name. Of an answer's text, only this decides the verdict:
 
 - every top-level statement that does something while the module runs (an *effect*: a call, a loop, an `if`,
   a `try`, an assignment to anything but plain names or of anything but an inert value, a decorated or
-  subclassing definition, a class whose body runs code, a `del`), except a docstring and a `__main__` block;
-- the **last** top-level binding of each name the tests call and, transitively, of each name a live
-  statement reads (a function body reads its globals when it is called, after the module has run; a string
-  constant that spells a name counts as a read, for `getattr(m, "helper")` and `globals()["helper"]`).
+  subclassing definition, a class whose body runs code, a `del`, a star import), except a docstring and a
+  `__main__` block;
+- for each name the tests call, its last top-level binding that surely runs and every conditional binding
+  after it (in an `if`, `try`, loop or `with`); a `__main__` block and a bare annotation (`f: T`) bind nothing;
+- every binding of every name a live statement reads, transitively (a read at import time finds an earlier
+  binding than one in a function body does; a string constant that spells a name counts as a read, for
+  `getattr(m, "helper")` and `globals()["helper"]`).
 
-Everything else is dead: a shadowed definition (Python keeps the last), a helper nothing reads, a guarded demo.
-In doubt a statement is live: counting too much executor-written code costs no one (every live statement must
-be the executor's, `provenance.Provenance.origin_of`); calling workflow-written code dead would hand out credit.
+Everything else is dead: a shadowed definition of a tested name, a helper nothing reads, a guarded demo. In
+doubt a statement is live: counting too much executor-written code costs no one (every live statement must
+be the executor's, `provenance.code_origin`); calling workflow-written code dead would hand out credit. And
+the scorer runs only what is live (`live_only`: dead statements become `pass`), so a statement this analysis
+wrongly calls dead cannot decide a verdict either: the answer fails its tests instead.
 
-Imports are kept apart (`Statement.is_import`): an import carries no logic of the answer, so the provenance
-rule leaves it neutral unless it binds a name the tests call.
+Imports, and plain aliases of a function the answer defines (`f = solve`), carry no logic of their own: they
+are neutral (`Statement.neutral`) unless an import binds a name the tests call.
 """
 
 from __future__ import annotations
@@ -35,34 +40,71 @@ _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 class Statement:
     start: int  # character offsets into the code: [start, end)
     end: int
-    is_import: bool
+    # neutral: an import, or an alias of a function the answer defines (`f = solve`), carries no logic of its own;
+    # judged anyway where it binds a tested name to anything else (an import, `from statistics import *`)
+    neutral: bool
     binds_root: bool  # binds a name the tests call
+
+
+STAR = "*"  # what a star import binds: any name
 
 
 def live_statements(code: str, roots: Iterable[str]) -> list[Statement] | None:
     """The live top-level statements of `code`, in order; None when the code does not parse or binds none of
     `roots` at top level (then nothing can be said about what runs: judge the whole text)."""
+    a = _analyse(code, roots)
+    return None if a is None else [st for st, is_live in a if is_live]
+
+
+def live_only(code: str, roots: Iterable[str]) -> str | None:
+    """`code` with each dead statement replaced by `pass` (imports and docstrings kept where they stand), so the
+    module the tests run holds only what the provenance rule judged; None when `live_statements` says nothing."""
+    a = _analyse(code, roots)
+    if a is None:
+        return None
+    tree = ast.parse(code)
+    parts = []
+    for node, (st, is_live) in zip(tree.body, a):
+        keep = is_live or isinstance(node, (ast.Import, ast.ImportFrom)) or \
+            (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        parts.append(code[st.start:st.end] if keep else "pass")
+    return "\n".join(parts) + "\n"
+
+
+def _analyse(code: str, roots: Iterable[str]) -> list[tuple[Statement, bool]] | None:
+    """Every top-level statement with whether it is live (None: unparsable, or no root bound)."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     body = tree.body
     roots = set(roots)
-    binders: dict[str, int] = {}  # name -> index of the last top-level statement binding it
-    for i, st in enumerate(body):
-        for name in _bound_names(st):
-            binders[name] = i
-    if not roots & binders.keys():
+    # an `if __name__ == "__main__":` block never runs, unless something may rebind `__name__`
+    guards_dead = not _may_rebind_dunder_name(tree)
+    binds = [set(_bound_names(st, guards_dead)) for st in body]
+    conditional = [_is_compound(st) for st in body]
+    if not any(STAR in b or roots & b for b in binds):
         return None
+
+    def binders(name: str) -> list[int]:
+        return [i for i, b in enumerate(binds) if name in b or STAR in b]
+
+    def root_binders(name: str) -> list[int]:
+        """What the tests may call: the last binding that surely runs, and every conditional one after it."""
+        idx = binders(name)
+        sure = [i for i in idx if not conditional[i]]
+        return [i for i in idx if i >= (sure[-1] if sure else -1)]
+
     live: set[int] = set()
-    todo = [binders[r] for r in roots if r in binders]
-    todo += [i for i, st in enumerate(body) if _is_effect(st)]
+    todo = [i for r in roots for i in root_binders(r)]
+    todo += [i for i, st in enumerate(body) if _is_effect(st, guards_dead)]
     while todo:
         i = todo.pop()
         if i in live:
             continue
         live.add(i)
-        todo.extend(binders[n] for n in _read_names(body[i]) if n in binders)
+        # a read at import time finds an earlier binding, a read in a function body the last: every binding is live
+        todo.extend(j for n in _read_names(body[i]) for j in binders(n))
     lines = _LINES.findall(code)  # ast's line breaks only (str.splitlines also breaks at \f, \x1c, ...)
     starts = [0]
     for line in lines:
@@ -73,32 +115,70 @@ def live_statements(code: str, roots: Iterable[str]) -> list[Statement] | None:
         return starts[lineno - 1] + len(line.encode()[:col].decode(errors="ignore"))
 
     out = []
-    for i in sorted(live):
-        st = body[i]
+    for i, st in enumerate(body):
         start = offset(st.lineno, st.col_offset)
         if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and st.decorator_list:
             first = st.decorator_list[0]
-            start = max(offset(first.lineno, first.col_offset) - 1, 0)  # the "@"
+            start = code.rfind("@", 0, offset(first.lineno, first.col_offset))
         end = offset(st.end_lineno, st.end_col_offset)
-        out.append(Statement(start, end, isinstance(st, (ast.Import, ast.ImportFrom)),
-                             bool(roots & set(_bound_names(st)))))
+        binds_root = bool(STAR in binds[i] or roots & binds[i])
+        is_import = isinstance(st, (ast.Import, ast.ImportFrom))
+        neutral = (is_import and not binds_root) or _is_alias(st, [body[j] for j in binders(_alias_of(st))])
+        out.append((Statement(start, end, neutral, binds_root), i in live))
     return out
 
 
-def _bound_names(st: ast.stmt) -> list[str]:
-    """Names a top-level statement binds in the module's namespace (not inside its functions or classes)."""
+def _alias_of(st: ast.stmt) -> str:
+    """The name `st` aliases (`f = solve`: "solve"), or "" when it is no plain alias."""
+    if isinstance(st, ast.Assign) and isinstance(st.value, ast.Name) and \
+            all(isinstance(t, ast.Name) for t in st.targets):
+        return st.value.id
+    return ""
+
+
+def _is_alias(st: ast.stmt, value_binders: list[ast.stmt]) -> bool:
+    """`f = solve` where every binding of `solve` is a function or class the answer defines: the alias adds no
+    logic, and those definitions are judged (they are live through it). Not an alias of an import or a library
+    name (`f = statistics.median` lets the library answer)."""
+    return bool(_alias_of(st)) and bool(value_binders) and all(
+        isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for b in value_binders)
+
+
+def _is_compound(st: ast.stmt) -> bool:
+    """A statement whose bindings may not happen (a branch, a loop, a `try`, a `with`)."""
+    return isinstance(st, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith, ast.Match)) or \
+        (hasattr(ast, "TryStar") and isinstance(st, ast.TryStar))
+
+
+def _may_rebind_dunder_name(tree: ast.Module) -> bool:
+    """Does anything in the module store to `__name__`, declare it global, or spell it in a string
+    (`globals()["__name__"] = ...`)?"""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "__name__" and not isinstance(node.ctx, ast.Load):
+            return True
+        if isinstance(node, ast.Global) and "__name__" in node.names:
+            return True
+        if isinstance(node, ast.Constant) and node.value == "__name__":
+            return True
+    return False
+
+
+def _bound_names(st: ast.stmt, guards_dead: bool = True) -> list[str]:
+    """Names a top-level statement binds in the module's namespace (not inside its functions or classes); STAR
+    for a star import. A `__main__` block that never runs binds nothing, nor does a bare annotation (`f: T`)."""
     if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [st.name]
-    if isinstance(st, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in st.names if a.name != "*"]
+    if guards_dead and _is_main_guard(st):
+        return []
+    bare = {id(n.target) for n in _walk_module_scope(st) if isinstance(n, ast.AnnAssign) and n.value is None}
     out = []
     for node in _walk_module_scope(st):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in bare:
             out.append(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not st:
             out.append(node.name)  # a definition inside an `if` or `try` still binds at module level
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            out += [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+            out += [STAR if a.name == "*" else (a.asname or a.name).split(".")[0] for a in node.names]
     return out
 
 
@@ -129,7 +209,7 @@ def _read_names(st: ast.stmt) -> set[str]:
     return out
 
 
-def _is_effect(st: ast.stmt) -> bool:
+def _is_effect(st: ast.stmt, guards_dead: bool = True) -> bool:
     """Does the statement do anything when the module runs, beyond binding names to inert values?"""
     if isinstance(st, (ast.Import, ast.ImportFrom)):
         return any(a.name == "*" for a in st.names)  # `import *` binds names no one can list
@@ -137,7 +217,7 @@ def _is_effect(st: ast.stmt) -> bool:
         return False
     if isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
         return False  # a docstring, a bare `...`
-    if _is_main_guard(st):
+    if guards_dead and _is_main_guard(st):
         return False
     if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return not _inert_signature(st)
