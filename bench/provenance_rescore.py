@@ -5,7 +5,8 @@ token: the rows whose origin changes, on the static workflows and on any stored 
         --cache-path ~/.cache/spogw/rescore-calls.sqlite [--methods io,gen_test,...] \\
         [--workflows ASSETS/heldout_results/0000.parquet ...]
 
-Each workflow runs once per query (run seed 0, the executor's common random numbers), in the sandbox, on the first
+Each workflow runs once per query (a static one with run seed 0, a stored one with the seed its run used, so that
+run's call cache serves it: pass its `call_cache.sqlite` as --cache-path), in the sandbox, on the first
 `--limit` queries of the split; each answer is judged by both rules from the same run (`workflow.provenance`:
 `code_origin` now, `whole_text_origin` before). Prints one line per row whose origin changes (with what the
 hidden tests say of the answer), then per method: rows, origins by each rule, changed rows, and the executor
@@ -31,11 +32,14 @@ def _anchors() -> dict[str, str]:
     return {f"anchor{i}": WORKFLOW_HEADER + body for i, body in enumerate(shown_workflows("code", "anchored"), 1)}
 
 
-def _stored(paths: list[str]) -> dict[str, list[tuple[str, str]]]:
-    """{"<file>:<system>": [(query_id, workflow), ...]} from stored tables (valid rows only)."""
+def _stored(paths: list[str]) -> dict[str, list[tuple[str, str, int]]]:
+    """{"<file>:<system>": [(query_id, workflow, run seed), ...]} from stored tables (valid rows only); the run
+    seed is the one the pipeline ran the row with (heldout_results' exec_seed), so its call cache serves it."""
     import polars as pl
 
-    out: dict[str, list[tuple[str, str]]] = {}
+    from spogw_dagster.seeds import derive_seed
+
+    out: dict[str, list[tuple[str, str, int]]] = {}
     for p in paths:
         df = pl.read_parquet(p)
         missing = {"query_id", "workflow"} - set(df.columns)
@@ -47,7 +51,8 @@ def _stored(paths: list[str]) -> dict[str, list[tuple[str, str]]]:
         sys_col = "system" if "system" in df.columns else None
         for r in df.iter_rows(named=True):
             key = f"{Path(p).parent.name}/{Path(p).stem}:{r[sys_col] if sys_col else 'sampled'}"
-            out.setdefault(key, []).append((r["query_id"], r["workflow"]))
+            seed = derive_seed(r["exec_seed"], 0) if r.get("exec_seed") is not None else 0
+            out.setdefault(key, []).append((r["query_id"], r["workflow"], seed))
     return out
 
 
@@ -63,24 +68,31 @@ async def _run(args) -> int:
     problems = held_out_problems(args.benchmark, limit=args.limit)
     by_id = {p.id: p for p in problems}
     family = problems[0].family
-    jobs: dict[str, list[tuple[object, str]]] = {}
+    jobs: dict[str, list[tuple[object, str, int]]] = {}
     for m in [m for m in args.methods.split(",") if m]:
         code = baseline_workflow(family, m)
-        jobs[m] = [(p, code) for p in problems]
-    if family == "code":
+        jobs[m] = [(p, code, 0) for p in problems]
+    if family == "code" and args.methods:
         for name, code in _anchors().items():
-            jobs[name] = [(p, code) for p in problems]
+            jobs[name] = [(p, code, 0) for p in problems]
     for key, rows in _stored(args.workflows).items():
-        jobs[key] = [(by_id[q], code) for q, code in rows if q in by_id]
+        jobs[key] = [(by_id[q], code, seed) for q, code, seed in rows if q in by_id]
     static = {m for m in jobs if ":" not in m}
 
     iso = detect_isolation()
     executor = make_executor(None, args.executor_model, cache_path=args.cache_path)
     sem = asyncio.Semaphore(args.concurrency)
+    run_kw = {}
+    if args.config:  # the run's operator settings, so that its call cache serves the stored workflows
+        from spogw_dagster.pipeline.domain.jobs import operator_config, run_limits
+        from spogw_dagster.pipeline.settings import load_config
 
-    async def one(p, code):
+        cfg = load_config(None, args.config, {})
+        run_kw = {"op_cfg": operator_config(cfg), "limits": run_limits(cfg)}
+
+    async def one(p, code, seed):
         async with sem:
-            res = await execute_workflow(code, p, executor, iso, seed=0)
+            res = await execute_workflow(code, p, executor, iso, seed=seed, **run_kw)
             passed = None
             if res.status.value == "ok" and res.whole_text_origin and \
                     res.whole_text_origin.origin != res.answer_origin:
@@ -92,7 +104,7 @@ async def _run(args) -> int:
         print(f"{'method':<24} {'rows':>4} {'executor now/before':>20} {'workflow now/before':>20} {'changed':>7} "
               f"{'share min':>9} {'share p5':>8}")
         for m, todo in jobs.items():
-            results = await asyncio.gather(*(one(p, c) for p, c in todo))
+            results = await asyncio.gather(*(one(*job) for job in todo))
             answered = [(q, r, s) for q, r, s in results if r.status.value == "ok" and r.whole_text_origin]
             changes = [(q, r, s) for q, r, s in answered if r.whole_text_origin.origin != r.answer_origin]
             for q, r, s in changes:
@@ -121,6 +133,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--executor-model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--cache-path", default=str(Path.home() / ".cache/spogw/rescore-calls.sqlite"))
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--config", default=None, help="the stored run's YAML config (its operator settings)")
     return asyncio.run(_run(ap.parse_args(argv)))
 
 

@@ -31,15 +31,23 @@ class EvalJob:
     tag: Any = None
 
 
+def operator_config(cfg: SpogwConfig) -> OperatorConfig:
+    """The operators' executor sampling and call budgets of a config (what its runs' call cache is keyed by)."""
+    e = cfg.executor
+    return OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,
+                          max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
+
+
+def run_limits(cfg: SpogwConfig):
+    return DEFAULT_LIMITS.with_(wall_s=cfg.execution.wall_s)
+
+
 async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int,
                         runs: int | None = None) -> list:
     """Execute and score every job with bounded concurrency, each the mean of `runs` executor runs (None:
     `execution.runs`); rejected jobs score 0 without running."""
 
-    e = cfg.executor
-    op_cfg = OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,
-                            max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
-    limits = DEFAULT_LIMITS.with_(wall_s=cfg.execution.wall_s)
+    op_cfg, limits = operator_config(cfg), run_limits(cfg)
     sem = asyncio.Semaphore(cfg.execution.concurrency)
     runs = cfg.execution.runs if runs is None else int(runs)
 
