@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-__all__ = ["Statement", "live_statements"]
+__all__ = ["Statement", "live_statements", "live_only"]
 
 _LINES = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
 
@@ -53,7 +53,7 @@ def live_statements(code: str, roots: Iterable[str]) -> list[Statement] | None:
     """The live top-level statements of `code`, in order; None when the code does not parse or binds none of
     `roots` at top level (then nothing can be said about what runs: judge the whole text)."""
     a = _analyse(code, roots)
-    return None if a is None else [st for st, is_live in a if is_live]
+    return None if a is None else [st for _, st, is_live in a if is_live]
 
 
 def live_only(code: str, roots: Iterable[str]) -> str | None:
@@ -62,17 +62,16 @@ def live_only(code: str, roots: Iterable[str]) -> str | None:
     a = _analyse(code, roots)
     if a is None:
         return None
-    tree = ast.parse(code)
     parts = []
-    for node, (st, is_live) in zip(tree.body, a):
+    for node, st, is_live in a:
         keep = is_live or isinstance(node, (ast.Import, ast.ImportFrom)) or \
             (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
         parts.append(code[st.start:st.end] if keep else "pass")
     return "\n".join(parts) + "\n"
 
 
-def _analyse(code: str, roots: Iterable[str]) -> list[tuple[Statement, bool]] | None:
-    """Every top-level statement with whether it is live (None: unparsable, or no root bound)."""
+def _analyse(code: str, roots: Iterable[str]) -> list[tuple[ast.stmt, Statement, bool]] | None:
+    """Every top-level statement (its node, its span, whether it is live); None: unparsable, or no root bound."""
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -124,7 +123,7 @@ def _analyse(code: str, roots: Iterable[str]) -> list[tuple[Statement, bool]] | 
         binds_root = bool(STAR in binds[i] or roots & binds[i])
         is_import = isinstance(st, (ast.Import, ast.ImportFrom))
         neutral = (is_import and not binds_root) or _is_alias(st, [body[j] for j in binders(_alias_of(st))])
-        out.append((Statement(start, end, neutral, binds_root), i in live))
+        out.append((st, Statement(start, end, neutral, binds_root), i in live))
     return out
 
 
