@@ -29,12 +29,12 @@ The rule, decided at run time by the parent (the workflow cannot reach any of th
 - `share` = executor-credited substance tokens / substance tokens. The answer is the executor's when
   `share >= THRESHOLD` (0.5): honest post-processing (strip, extract a code block, prepend an import) keeps
   nearly all of it, a literal keeps almost none (measured: docs/security.md, "Whose answer is it?").
-- Code, judged on the code the tests can run (`live_code`): only the live top-level statements count (the
-  last definition of each name the tests call, what those read, transitively, and whatever runs at import);
-  shadowed definitions, unused helpers and `__main__` blocks are neutral, and so are imports (unless one
-  binds a tested name). **Every** live statement must be the executor's (its own share >= THRESHOLD): an
-  executor draft with the workflow's own entry point after it, or the workflow's code hidden behind executor
-  helpers, is the workflow's. `share` is then the lowest live statement's share.
+- Code, judged on the code the tests can run (`benchmarks.live_code`, which says what is live and neutral):
+  shadowed definitions, unused helpers and `__main__` blocks do not count, nor do imports and aliases of the
+  answer's own functions (unless an import binds a tested name). **Every** live statement must be the
+  executor's (its own share >= THRESHOLD): an executor draft with the workflow's own entry point after it, or
+  the workflow's code hidden behind executor helpers, is the workflow's. `share` is then the lowest live
+  statement's share.
 
 Origins: "executor" (credited), "workflow" (not: scores 0 and forfeits the reward's answer and executes
 rungs) and "none" (nothing scorable was returned; it scores 0 by the benchmark anyway).
