@@ -23,6 +23,8 @@ import pytest
 
 from spogw_dagster.contracts import ChatResult, SamplingParams
 from spogw_dagster.executors import ExecutorError, PromptTooLongError
+from spogw_dagster.executors.base import time_split_of
+from spogw_dagster.executors.factory import make_executor
 from spogw_dagster.executors.embedded import EmbeddedExecutor, LlamaServer, RuntimeCrashError
 from spogw_dagster.paths import smollm2_gguf
 
@@ -38,9 +40,15 @@ def embedded():
 
 
 def test_multi_token_prompt_with_default_batching_gets_an_answer(embedded):
+    before = time_split_of(embedded)
     r = asyncio.run(embedded.chat([{"role": "user", "content": LONG_PROMPT}],
                                   SamplingParams(temperature=0.0, max_tokens=24, seed=0)))
     assert r.prompt_tokens > 300 and r.completion_tokens > 0 and r.text.strip()
+    # llama.cpp's own timings of the call: its prefill and decode tokens are the usage's, with seconds for each
+    split = {k: v - before[k] for k, v in time_split_of(embedded).items()}
+    assert split["calls"] == 1 and split["decode_tokens"] == r.completion_tokens
+    assert 0 < split["prefill_tokens"] <= r.prompt_tokens and split["prefill_s"] > 0 and split["decode_s"] > 0
+    assert split["prefill_s"] + split["decode_s"] <= split["served_s"] + 0.05
     assert r.model == embedded.model and embedded.model.startswith("SmolLM2-135M-Instruct.Q4_1@")
     info = embedded.runtime_info()
     assert "AVX2" in info["cpu_features_used"] and not any(f.startswith("AMX") for f in info["cpu_features_used"])
@@ -186,3 +194,31 @@ def test_prompt_longer_than_the_context_is_prompt_too_long(embedded):
         return await embedded.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=4, seed=1))
 
     assert asyncio.run(main()).completion_tokens > 0  # the server is still usable
+
+
+def test_the_fast_mode_runs_its_own_servers_and_keys_its_calls_apart(tmp_path):
+    """`reproducible=False`: the best runtime variant built for this CPU (the portable one where none is) with
+    n-gram speculation, named in `numerics`; the call cache keys its calls apart from the reproducible mode's, so
+    a text computed one way never answers for the other."""
+    fast = EmbeddedExecutor(workers=1, reproducible=False)
+    try:
+        assert "--spec-type ngram-simple" in fast.numerics and fast.numerics.split(":")[0] in ("portable", "avx512")
+        assert EmbeddedExecutor(workers=1).numerics == ""
+        r = asyncio.run(fast.chat([{"role": "user", "content": LONG_PROMPT}],
+                                  SamplingParams(temperature=0.0, max_tokens=24, seed=0)))
+        assert r.completion_tokens > 0 and r.text.strip()
+    finally:
+        asyncio.run(fast.aclose())
+    cache = tmp_path / "calls.sqlite"
+    for reproducible in (True, False):
+        ex = make_executor(None, None, cache_path=cache, workers=1, reproducible=reproducible)
+        try:
+            asyncio.run(ex.chat([{"role": "user", "content": "Say hi."}], SamplingParams(max_tokens=4, seed=1)))
+        finally:
+            asyncio.run(ex.aclose())
+            ex.cache.close()
+    import sqlite3
+
+    con = sqlite3.connect(cache)
+    assert con.execute("select count(*) from calls").fetchone()[0] == 2  # one entry per mode, not one hit
+    con.close()

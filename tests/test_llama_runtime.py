@@ -39,6 +39,52 @@ def test_build_tag_changes_with_the_flags_and_not_with_the_cpu(monkeypatch):
     assert lr.build_tag() == base
 
 
+ZEN4 = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+        "avx512_vnni", "avx512vbmi", "avx512_bf16"}
+
+
+def test_the_avx512_variant_runs_only_where_the_cpu_lists_every_flag_it_needs(monkeypatch):
+    monkeypatch.setattr(lr.platform, "machine", lambda: "x86_64")
+    assert [v.name for v in lr.host_variants(ZEN4)] == ["avx512", "portable"]
+    assert [v.name for v in lr.host_variants(ZEN4 - {"avx512_bf16"})] == ["portable"]  # Skylake-X, Cascade Lake
+    assert [v.name for v in lr.host_variants({"avx2", "fma"})] == ["portable"]
+    monkeypatch.setattr(lr.platform, "machine", lambda: "aarch64")
+    assert [v.name for v in lr.host_variants(ZEN4)] == ["portable"]
+
+
+def test_the_avx512_variant_turns_avx512_on_after_the_baseline_and_never_amx():
+    args = lr.cmake_args(lr.AVX512)
+    # cmake keeps the last -D of a name: the variant's ON comes after the baseline's OFF
+    assert args.index("-DGGML_AVX512=ON") > args.index("-DGGML_AVX512=OFF")
+    assert "-DGGML_AVX512_BF16=ON" in args and "-DGGML_AMX_INT8=OFF" in args
+    assert not any(a.startswith("-DGGML_AMX") and a.endswith("=ON") for a in args)
+    assert lr.build_tag(args) != lr.build_tag() and lr.build_tag(lr.cmake_args(lr.PORTABLE)) == lr.build_tag()
+
+
+def _fake_build(root, variant):
+    b = root / lr.build_tag(lr.cmake_args(variant)) / "bin" / "llama-server"
+    b.parent.mkdir(parents=True)
+    b.write_text("#!/bin/sh\n")
+    b.chmod(0o755)
+    return b
+
+
+def test_the_fastest_runtime_is_the_best_built_variant_this_cpu_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOGW_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv(lr.ENV_BINARY, raising=False)
+    monkeypatch.delenv(lr.ENV_EXTRA_ARGS, raising=False)
+    monkeypatch.setattr(lr.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(lr, "host_cpu_flags", lambda: set(ZEN4))
+    portable = _fake_build(tmp_path, lr.PORTABLE)
+    assert lr.find_runtime(fastest=True).binary == portable  # the variant is not built: the portable one
+    fast = _fake_build(tmp_path, lr.AVX512)
+    rt = lr.find_runtime(fastest=True)
+    assert (rt.binary, rt.variant) == (fast, "avx512")
+    assert lr.find_runtime().binary == portable  # the reproducible mode never takes a variant
+    monkeypatch.setattr(lr, "host_cpu_flags", lambda: ZEN4 - {"avx512vbmi"})  # built, but this CPU lacks a flag
+    assert lr.find_runtime(fastest=True).binary == portable
+
+
 def test_missing_runtime_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOGW_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv(lr.ENV_BINARY, raising=False)

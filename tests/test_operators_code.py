@@ -68,3 +68,42 @@ async def test_the_test_operator_hands_back_a_solution_the_workflow_wrote_unrepa
     ex = Recorder(f"```python\n{RIGHT}```")
     assert await _ops(he0, ex).call("test", [], {"solution": WRONG_A}) == WRONG_A
     assert ex.prompts == []
+
+
+class ParamsRecorder(Recorder):
+    def __init__(self, reply: str):
+        super().__init__(reply)
+        self.params = []
+
+    async def chat(self, messages, params):
+        self.params.append(params)
+        return await super().chat(messages, params)
+
+
+async def test_stop_after_code_ends_only_the_calls_that_ask_for_one_code_block(he0):
+    from spogw_dagster.workflow.operators import CODE_STOP
+
+    ex = ParamsRecorder(f"```python\n{RIGHT}```")
+    ops = Operators(he0, ex, detect_isolation(), OperatorConfig(code_stop=CODE_STOP), 0,
+                    ("code_generate", "custom", "sc_ensemble", "test", "answer_generate"))
+    await ops.call("code_generate", [], {"instruction": "Solve it."})
+    await ops.call("custom", [], {"instruction": "Solve it."})
+    ops.provenance.replied(WRONG_A)
+    await ops.call("test", [], {"solution": WRONG_A})  # the repair asks for one code block too
+    await ops.call("sc_ensemble", [], {"solutions": [WRONG_A, WRONG_B]})  # none passes, no vote: the pick call
+    await ops.call("answer_generate", [], {})
+    assert [p.stop for p in ex.params] == [CODE_STOP, CODE_STOP, CODE_STOP, (), ()]
+    # off (the default): no call carries a stop string, so earlier cache keys stay the same
+    ex = ParamsRecorder(f"```python\n{RIGHT}```")
+    await _ops(he0, ex).call("code_generate", [], {"instruction": "Solve it."})
+    assert ex.params[0].stop == ()
+
+
+def test_the_code_stop_cuts_at_the_closing_fence_not_the_opening_one():
+    from spogw_dagster.benchmarks.code_tests import extract_code
+    from spogw_dagster.workflow.operators import CODE_STOP
+
+    reply = f"Here it is:\n```python\n{RIGHT}```\n\nThis sorts the numbers first."
+    cut = reply[: reply.find(CODE_STOP[0])]  # what llama.cpp returns: the text before the stop string
+    assert cut.endswith("zip(s, s[1:]))") and "```python" in cut
+    assert extract_code(cut, "has_close_elements") == extract_code(reply, "has_close_elements") == RIGHT

@@ -233,3 +233,27 @@ def test_every_other_profile_points_to_the_headline_run():
     assert HEADLINE_RUN["profile"] in PROFILES and headline_pointer(HEADLINE_RUN["profile"]) == ""
     line = headline_pointer("tiny")
     assert HEADLINE_RUN["command"] in line and HEADLINE_RUN["wall"] in line and "README" in line
+
+
+def test_executor_speed_levers_are_hashed_only_when_set():
+    """executor.stop_after_code and executor.reproducible change the executor's texts, so a set value is in the
+    hash of every asset that executes workflows and in the baselines' cache key; their defaults are left out, so
+    earlier configs keep their hashes and cached baselines. The operators get the stop only when it is on."""
+    from spogw_dagster.pipeline.domain.heldout import baseline_cache_key
+    from spogw_dagster.pipeline.domain.jobs import operator_config
+    from spogw_dagster.benchmarks import load_benchmark
+    from spogw_dagster.workflow.operators import CODE_STOP
+
+    a = load_config("answers")
+    same = load_config("answers", overrides={"executor": {"stop_after_code": False, "reproducible": True}})
+    assert config_hash(same) == config_hash(a)
+    problems = load_benchmark("humaneval")[:2]
+    for lever in ({"stop_after_code": True}, {"reproducible": False}):
+        c = load_config("answers", overrides={"executor": lever})
+        assert section_hash(c, "execution_scores") != section_hash(a, "execution_scores")
+        assert section_hash(c, "benchmark_report") != section_hash(a, "benchmark_report")
+        assert section_hash(c, "sampled_workflows") == section_hash(a, "sampled_workflows")
+        assert baseline_cache_key("io", problems, c) != baseline_cache_key("io", problems, a)
+    assert baseline_cache_key("io", problems, same) == baseline_cache_key("io", problems, a)
+    assert operator_config(a).code_stop == ()
+    assert operator_config(load_config("answers", overrides={"executor": {"stop_after_code": True}})).code_stop == CODE_STOP

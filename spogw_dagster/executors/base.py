@@ -122,3 +122,32 @@ class MeteredExecutor:
 
     def __repr__(self) -> str:
         return f"MeteredExecutor({self.inner!r}, usage={self.usage})"
+
+
+TIME_SPLIT_KEYS = ("calls", "queued_s", "served_s", "prefill_s", "decode_s", "prefill_tokens", "decode_tokens")
+
+
+def time_split_of(executor: Any) -> dict[str, float]:
+    """Where an executor's served calls spent their time, summed over the endpoint clients under its wrappers
+    (the cache's and the attribution's `inner`, the embedded executor's per-worker clients, a fleet's members):
+    calls, seconds queued for a slot, seconds served, and the server's prefill and decode seconds and tokens
+    where it reports them (llama.cpp does; a cached call counts nowhere)."""
+    total: dict[str, float] = dict.fromkeys(TIME_SPLIT_KEYS, 0)
+    seen: set[int] = set()
+
+    def visit(node: Any) -> None:
+        if node is None or id(node) in seen:
+            return
+        seen.add(id(node))
+        split = getattr(node, "time_split", None)
+        if isinstance(split, dict):
+            for k in TIME_SPLIT_KEYS:
+                total[k] += split.get(k, 0)
+        visit(getattr(node, "inner", None))
+        for client in list(getattr(node, "_clients", {}).values()):
+            visit(client)
+        for member in getattr(node, "endpoints", None) or []:
+            visit(getattr(member, "client", None))
+
+    visit(executor)
+    return total

@@ -57,6 +57,10 @@ from .openai_compat import OpenAICompatExecutor
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = max(1, len(os.sched_getaffinity(0)))  # the cores this process may use, not the machine's
+# The faster, non-reproducible mode's server flags: prompt-lookup (n-gram) speculation drafts tokens from the text
+# so far (the prompt included), which a reply that copies its input (a repair, a function's docstring) accepts.
+# Verifying a draft in one batch rounds differently from one token at a time, so texts may differ.
+FAST_SERVER_ARGS: tuple[str, ...] = ("--spec-type", "ngram-simple")
 SELF_CHECK_PROMPT = ("Write one short Python function that returns the sum of a list of integers, "
                      "and explain it in a sentence.")
 
@@ -313,13 +317,16 @@ _SERVERS: dict[tuple, list[LlamaServer]] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def shared_workers(gguf: Path, *, n_ctx: int, workers: int, threads: int) -> list[LlamaServer]:
+def shared_workers(gguf: Path, *, n_ctx: int, workers: int, threads: int, runtime: Runtime | None = None,
+                   extra_args: tuple[str, ...] = ()) -> list[LlamaServer]:
     """The process's single-slot workers for these settings, started (and self-checked) on first use."""
-    key = (str(gguf.resolve()), n_ctx, workers, threads)
+    runtime = runtime or find_runtime()
+    key = (str(gguf.resolve()), n_ctx, workers, threads, runtime.tag, extra_args)
     with _SERVERS_LOCK:
         ws = _SERVERS.get(key)
         if ws is None:
-            ws = [LlamaServer(gguf, n_ctx=n_ctx, slots=1, threads=threads) for _ in range(workers)]
+            ws = [LlamaServer(gguf, n_ctx=n_ctx, slots=1, threads=threads, runtime=runtime, extra_args=extra_args)
+                  for _ in range(workers)]
             _SERVERS[key] = ws
     for w in ws:
         w.start()
@@ -345,22 +352,33 @@ def _stop_all() -> None:
 class EmbeddedExecutor:
     """`Executor` on a local GGUF file (default: the bundled SmolLM2) served by supervised llama.cpp children:
     `workers` single-slot servers of `threads` threads each (default: one single-thread worker per core), or the
-    given `servers`. `model` names the file's content, not the processes or ports."""
+    given `servers`. `model` names the file's content, not the processes or ports.
+
+    `reproducible` (the default): the portable build, each call computed alone, so a seeded call's text is the same
+    on any x86-64 CPU. False: the best runtime variant built for this CPU and n-gram speculation; `numerics` then
+    names them, and the call cache keys such calls apart from the reproducible mode's."""
 
     def __init__(self, gguf_path: str | os.PathLike | None = None, *, n_ctx: int = 8192, workers: int | None = None,
-                 threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None):
+                 threads: int | None = None, timeout_s: float = 600.0, servers: list[LlamaServer] | None = None,
+                 reproducible: bool = True):
         path = Path(gguf_path) if gguf_path else bundled_gguf("smollm2")
         if not path.is_file():
             raise FileNotFoundError(f"GGUF model file not found: {path}")
         self.path = path
 
         self.model = f"{path.stem}@{(verified_sha256(path) or file_sha256(path))[:12]}"
+        self.numerics = ""  # the reproducible mode's: every earlier cache entry was made in it
         if servers:
             for srv in servers:
                 srv.start()
             self.workers = list(servers)
         else:
-            self.workers = shared_workers(path, n_ctx=n_ctx, workers=workers or DEFAULT_WORKERS, threads=threads or 1)
+            runtime = find_runtime(fastest=not reproducible)
+            extra = () if reproducible else FAST_SERVER_ARGS
+            if not reproducible:
+                self.numerics = f"{runtime.variant}:{runtime.tag} {' '.join(extra)}"
+            self.workers = shared_workers(path, n_ctx=n_ctx, workers=workers or DEFAULT_WORKERS, threads=threads or 1,
+                                          runtime=runtime, extra_args=extra)
         self.timeout_s = timeout_s
         self.max_concurrency = sum(w.slots for w in self.workers)
         self._clients: dict[str, Any] = {}

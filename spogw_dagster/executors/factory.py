@@ -26,10 +26,11 @@ def default_cache_path() -> Path:
 def make_executor(url: str | Sequence[str] | None = None, model: str | None = None, *,
                   cache_path: str | Path | None = None, use_cache: bool = True,
                   api_key_env: str | None = "OPENAI_API_KEY", max_concurrency: int = 8, timeout_s: float = 120.0,
-                  workers: int | None = None, threads: int | None = None):
+                  workers: int | None = None, threads: int | None = None, reproducible: bool = True):
     """`url`: one endpoint URL, or several (a fleet serving one model: `fleet.FleetExecutor`); None for the
     embedded model, which is `model` when given (a bundled model's alias or a .gguf path), else SmolLM2. A list of one is a single endpoint. `max_concurrency` and `timeout_s` are per endpoint.
-    `workers` and `threads` size the embedded model's llama.cpp servers (parallel calls, CPU threads each)."""
+    `workers` and `threads` size the embedded model's llama.cpp servers (parallel calls, CPU threads each);
+    `reproducible` False runs them in their faster mode (`EmbeddedExecutor`), cached under its own namespace."""
     urls = [url] if isinstance(url, str) else [u for u in (url or []) if u]
     namespace = ""
     if urls:
@@ -60,7 +61,9 @@ def make_executor(url: str | Sequence[str] | None = None, model: str | None = No
         except BundledModelError as e:
             hint = " (with an endpoint URL, the model is the name the endpoint serves)" if "neither" in str(e) else ""
             raise ValueError(f"{e}{hint}") from None
-        inner = EmbeddedExecutor(gguf, workers=workers, threads=threads, timeout_s=timeout_s)
+        inner = EmbeddedExecutor(gguf, workers=workers, threads=threads, timeout_s=timeout_s,
+                                 reproducible=reproducible)
+        namespace = inner.numerics
 
     inner = FaultAttributingExecutor(inner)
     if not use_cache:

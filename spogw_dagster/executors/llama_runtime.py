@@ -13,6 +13,13 @@ parallel slots (`--parallel`), which the Python bindings do not.
     spogw runtime install            # build once (about 10 minutes on 2 cores), then reused
     spogw runtime info               # where it is, its flags and the CPU features it uses
 
+Variants: `portable` (the baseline above, what every call runs by default: a seeded call gives the same text on
+any x86-64 CPU) and `avx512` (AVX-512 F/BW/DQ/VL with VNNI, VBMI and BF16, as Zen 4 and Ice Lake or later Xeons
+have; AMX stays off). `spogw runtime install --variant host` also builds the best variant this CPU runs; the
+executor's faster mode (`executor.reproducible: false`) picks, at run time, the best built variant whose CPU
+flags `/proc/cpuinfo` lists, so a variant is never started on a CPU that lacks them, and the self-check runs on
+whatever starts.
+
 `SPOGW_LLAMA_SERVER=/path/to/llama-server` uses a binary of your own (a CUDA build, say) instead; its CPU
 features are still read and recorded. `SPOGW_LLAMA_CMAKE_ARGS` adds cmake flags (e.g. `-DGGML_AVX512=ON` for a
 fleet of AVX-512 machines); they are part of the tag, so a changed flag is a new build, never a stale one.
@@ -66,6 +73,34 @@ BASE_CMAKE_ARGS = (
     "-DLLAMA_BUILD_SERVER=ON",
 )
 
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A build for a class of CPU: its extra cmake flags, and the /proc/cpuinfo flags a CPU needs to run it."""
+
+    name: str
+    cmake_args: tuple[str, ...]
+    cpu_flags: frozenset[str]
+
+
+PORTABLE = Variant("portable", (), frozenset())
+# Later flags win in cmake, so these override the baseline's AVX512=OFF; AMX stays off (the crash above).
+AVX512 = Variant("avx512", ("-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON",
+                            "-DGGML_AVX512_BF16=ON"),
+                 frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx512vbmi",
+                            "avx512_bf16"}))
+VARIANTS = {v.name: v for v in (PORTABLE, AVX512)}  # worst to best
+
+
+def host_variants(flags: set[str] | None = None) -> list[Variant]:
+    """The variants this CPU can run, best first (only x86-64 has variants beyond the portable build)."""
+    flags = host_cpu_flags() if flags is None else flags
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return [PORTABLE]
+    return [v for v in reversed(VARIANTS.values()) if v.cpu_flags <= flags]
+
+
 ENV_BINARY = "SPOGW_LLAMA_SERVER"
 ENV_EXTRA_ARGS = "SPOGW_LLAMA_CMAKE_ARGS"
 INSTALL_HINT = "spogw runtime install"
@@ -80,9 +115,11 @@ class Runtime:
     binary: Path
     tag: str            # "own" for SPOGW_LLAMA_SERVER, else our build tag
     cmake_args: tuple[str, ...]
+    variant: str = "portable"  # "own" for SPOGW_LLAMA_SERVER
 
     def describe(self) -> dict:
-        info = {"binary": str(self.binary), "tag": self.tag, "cmake_args": list(self.cmake_args)}
+        info = {"binary": str(self.binary), "tag": self.tag, "variant": self.variant,
+                "cmake_args": list(self.cmake_args)}
         meta = self.binary.parent.parent / "build-info.json"
         if meta.is_file():
             try:
@@ -92,8 +129,8 @@ class Runtime:
         return info
 
 
-def cmake_args() -> tuple[str, ...]:
-    return BASE_CMAKE_ARGS + tuple(shlex.split(os.environ.get(ENV_EXTRA_ARGS, "")))
+def cmake_args(variant: Variant = PORTABLE) -> tuple[str, ...]:
+    return BASE_CMAKE_ARGS + variant.cmake_args + tuple(shlex.split(os.environ.get(ENV_EXTRA_ARGS, "")))
 
 
 def build_tag(args: tuple[str, ...] | None = None) -> str:
@@ -119,21 +156,32 @@ def _search_roots() -> list[Path]:
     return roots
 
 
-def find_runtime() -> Runtime:
-    """The binary to run: $SPOGW_LLAMA_SERVER, else our build for the current flags; raises when absent."""
+def _built(variant: Variant) -> Runtime | None:
+    args = cmake_args(variant)
+    tag = build_tag(args)
+    for root in _search_roots():
+        p = root / tag / "bin" / "llama-server"
+        if p.is_file():
+            return Runtime(p, tag, args, variant.name)
+    return None
+
+
+def find_runtime(fastest: bool = False) -> Runtime:
+    """The binary to run: $SPOGW_LLAMA_SERVER, else our portable build for the current flags (with `fastest`,
+    the best variant built that this CPU runs, else the portable one); raises when none is built."""
     own = os.environ.get(ENV_BINARY)
     if own:
         p = Path(own)
         if not (p.is_file() and os.access(p, os.X_OK)):
             raise RuntimeMissingError(f"${ENV_BINARY}={own} is not an executable file; fix: point it at a "
                                       f"llama-server binary, or unset it and run `{INSTALL_HINT}`")
-        return Runtime(p, "own", ())
+        return Runtime(p, "own", (), "own")
+    for variant in host_variants() if fastest else [PORTABLE]:
+        rt = _built(variant)
+        if rt is not None:
+            return rt
     args = cmake_args()
     tag = build_tag(args)
-    for root in _search_roots():
-        p = root / tag / "bin" / "llama-server"
-        if p.is_file():
-            return Runtime(p, tag, args)
     raise RuntimeMissingError(
         f"the embedded executor's llama.cpp server is not built ({runtime_root() / tag / 'bin' / 'llama-server'} is "
         f"missing); fix: run `{INSTALL_HINT}` once (about 10 minutes on 2 cores), or set ${ENV_BINARY} to a "
@@ -181,10 +229,10 @@ def _cmake() -> str:
         raise RuntimeError("cmake is not installed; fix: pip install cmake (or apt-get install cmake)") from None
 
 
-def install(force: bool = False, jobs: int | None = None) -> Runtime:
+def install(force: bool = False, jobs: int | None = None, variant: Variant = PORTABLE) -> Runtime:
     """Build llama-server for the current flags unless it is already there. Atomic: a killed build leaves only
     a temporary directory, which the next build removes; a lock keeps two builds from racing."""
-    args = cmake_args()
+    args = cmake_args(variant)
     tag = build_tag(args)
     root = runtime_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -192,8 +240,8 @@ def install(force: bool = False, jobs: int | None = None) -> Runtime:
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if final.joinpath("bin", "llama-server").is_file() and not force:
-            _log(f"llama-server {tag} already built: {final}")
-            return Runtime(final / "bin" / "llama-server", tag, args)
+            _log(f"llama-server {tag} ({variant.name}) already built: {final}")
+            return Runtime(final / "bin" / "llama-server", tag, args, variant.name)
         for stale in root.glob(f".tmp-{tag}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}-", dir=root))
@@ -215,7 +263,7 @@ def install(force: bool = False, jobs: int | None = None) -> Runtime:
             lic = source / "LICENSE"
             if lic.is_file():
                 shutil.copy2(lic, staged / "LICENSE.llama.cpp")
-            info = {"tag": tag, "source": SOURCE_FILE, "source_sha256": SOURCE_SHA256, "cmake_args": list(args),
+            info = {"tag": tag, "variant": variant.name, "source": SOURCE_FILE, "source_sha256": SOURCE_SHA256, "cmake_args": list(args),
                     "compiler": _compiler_version(), "machine": platform.machine(),
                     "build_seconds": round(time.monotonic() - t0, 1)}
             (staged / "build-info.json").write_text(json.dumps(info, indent=2))
@@ -225,7 +273,7 @@ def install(force: bool = False, jobs: int | None = None) -> Runtime:
             _log(f"built {final / 'bin' / 'llama-server'} in {info['build_seconds']:.0f} s")
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return Runtime(final / "bin" / "llama-server", tag, args)
+    return Runtime(final / "bin" / "llama-server", tag, args, variant.name)
 
 
 def _compiler_version() -> str:
@@ -266,15 +314,27 @@ def main(argv: list[str] | None = None) -> int:
     p_install = sub.add_parser("install", help="build llama-server (portable CPU baseline) into the cache")
     p_install.add_argument("--force", action="store_true", help="rebuild even if this tag is built")
     p_install.add_argument("--jobs", type=int, default=None)
+    p_install.add_argument("--variant", choices=["portable", "host", *VARIANTS], default="portable",
+                           help="portable (default: any x86-64 CPU); host: also the best variant this CPU runs, "
+                                "which `executor.reproducible: false` uses; or a variant by name")
     sub.add_parser("info", help="print where the runtime is and how it was built (JSON)")
     a = ap.parse_args(argv)
     if a.cmd == "install":
-        try:
-            rt = install(force=a.force, jobs=a.jobs)
-        except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
-            print(f"spogw runtime install failed: {e}", file=sys.stderr)
-            return 1
-        print(rt.binary)
+        if a.variant == "host":
+            wanted = [PORTABLE] + [v for v in host_variants()[:1] if v is not PORTABLE]
+        else:
+            wanted = [VARIANTS[a.variant]]
+        for variant in wanted:
+            if variant.cpu_flags - host_cpu_flags():
+                print(f"spogw runtime install: this CPU lacks {' '.join(sorted(variant.cpu_flags - host_cpu_flags()))} "
+                      f"for the {variant.name} variant; it is built, but runs only on a CPU that has them",
+                      file=sys.stderr)
+            try:
+                rt = install(force=a.force, jobs=a.jobs, variant=variant)
+            except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                print(f"spogw runtime install failed: {e}", file=sys.stderr)
+                return 1
+            print(rt.binary)
         return 0
     try:
         rt = find_runtime()

@@ -204,6 +204,10 @@ class OpenAICompatExecutor:
         # None while it answers. While set, calls make one attempt each (see the module docstring).
         self.down_since: float | None = None
         self.fast_failures = 0  # calls that failed after one attempt because the endpoint was down
+        # Where the served calls' time went: seconds waiting for a free slot here, seconds in flight, and the
+        # server's own prefill / decode split where it reports one (llama.cpp's `timings`; others leave 0).
+        self.time_split = {"calls": 0, "queued_s": 0.0, "served_s": 0.0, "prefill_s": 0.0, "decode_s": 0.0,
+                           "prefill_tokens": 0, "decode_tokens": 0}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -351,7 +355,19 @@ class OpenAICompatExecutor:
         def count(v: Any) -> int:
             return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
+        self._add_timings(data.get("timings"))
         return clean_text(text), count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), has_usage
+
+    def _add_timings(self, t: Any) -> None:
+        if not isinstance(t, dict):
+            return
+        try:
+            self.time_split["prefill_s"] += max(0.0, float(t.get("prompt_ms") or 0)) / 1000
+            self.time_split["decode_s"] += max(0.0, float(t.get("predicted_ms") or 0)) / 1000
+            self.time_split["prefill_tokens"] += max(0, int(t.get("prompt_n") or 0))
+            self.time_split["decode_tokens"] += max(0, int(t.get("predicted_n") or 0))
+        except (TypeError, ValueError):  # a server's odd timings are no reason to fail a good reply
+            pass
 
     # ------------------------------------------------------------------ public API
 
@@ -407,8 +423,12 @@ class OpenAICompatExecutor:
                 self._warned_missing_usage = True
                 log.warning("executor %s returned no `usage` field; token counts are recorded as 0 "
                             "(see missing_usage_calls)", self.base_url)
+        latency = time.perf_counter() - t0 - queued[0]
+        self.time_split["calls"] += 1
+        self.time_split["queued_s"] += queued[0]
+        self.time_split["served_s"] += latency
         return ChatResult(text=text, prompt_tokens=pt, completion_tokens=ct,
-                          latency_s=time.perf_counter() - t0 - queued[0], cached=False, model=self.model)
+                          latency_s=latency, cached=False, model=self.model)
 
     async def list_models(self) -> list[str]:
         """The model ids the endpoint serves (GET {base_url}/models). Raises ExecutorError with a clear

@@ -167,6 +167,13 @@ class ExecutorSection(_Section):
     # unset: one single-thread worker per core. A call's text depends on `threads`, never on `workers`.
     workers: int | None = Field(None, ge=1, le=64)
     threads: int | None = Field(None, ge=1, le=256)
+    # end a code reply where its fenced block closes (the prose after it is never scored): fewer decoded tokens,
+    # the same tokens up to the stop, so the same answer unless a reply's last block is not its first
+    stop_after_code: bool = False
+    # the embedded model only. True: the portable llama.cpp build, one call computed alone: a seeded call gives
+    # the same text on any x86-64 CPU. False: the build for this CPU's vector units and n-gram speculation, faster,
+    # whose texts may differ from the reproducible mode's (the call cache keys the two apart)
+    reproducible: bool = True
 
     @field_validator("model")
     @classmethod
@@ -635,8 +642,14 @@ def executor_identity(executor: dict[str, Any]) -> dict[str, Any]:
     """The canonical executor section (`cfg.canonical()["executor"]`) as hashes see it. Where the call cache
     lives is storage, not configuration: `--seeds` points every seed at one shared file, so with the path hashed
     a copied or moved `--seeds` run got another hash and redid finished iterations (and missed its cached
-    baselines). It counts as the default, so runs that never set it keep their hashes."""
-    return {**executor, "cache_file": ExecutorSection.model_fields["cache_file"].default}
+    baselines). It counts as the default, so runs that never set it keep their hashes. The speed levers
+    (`stop_after_code`, `reproducible`) are written only when they differ from their defaults: every config
+    written before them keeps its hash and its cached baselines."""
+    out = {**executor, "cache_file": ExecutorSection.model_fields["cache_file"].default}
+    for lever in ("stop_after_code", "reproducible"):
+        if out.get(lever) == ExecutorSection.model_fields[lever].default:
+            out.pop(lever, None)
+    return out
 
 
 def section_hash(cfg: SpogwConfig, asset: str) -> str:

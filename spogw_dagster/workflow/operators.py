@@ -36,6 +36,10 @@ ANSWER_HINT = {
     "code": "Reply with the complete Python function in one ```python code block.",
 }
 
+# The end of a reply's fenced code block: the closing fence and its line break. The opening fence the hint asks
+# for ("```python") never matches, so a reply stops where its first block closes.
+CODE_STOP = ("\n```\n",)
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
@@ -44,6 +48,9 @@ class OperatorConfig:
     max_tokens: int = 384
     max_operator_calls: int = 16  # per workflow run: a loop of operator calls cannot run up a bill
     max_llm_calls: int = 32
+    # stop strings for the calls that ask for code in one fenced block (ANSWER_HINT["code"]): the text after
+    # the block's closing fence is prose the scorer never reads (`executor.stop_after_code`)
+    code_stop: tuple[str, ...] = ()
     max_arg_chars: int = 20_000
     max_solutions: int = 8
     programmer_attempts: int = 2
@@ -145,6 +152,7 @@ class Operators:
             top_p=self.cfg.top_p,
             max_tokens=max_tokens or self.cfg.max_tokens,
             seed=derive_seed(self.run_seed, self.llm_calls),
+            stop=self.cfg.code_stop if user.endswith(ANSWER_HINT["code"]) else (),
         )
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
         res = await self.executor.chat(messages, params)

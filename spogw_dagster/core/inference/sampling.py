@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -310,6 +311,9 @@ class TransformersSampler:
 
 
         self._cache_kwarg: str | None = None
+        # seconds spent prefilling prompts and decoding rows (the prefix-sharing path; the batch path decodes
+        # inside `model.generate`, so all of it counts as decode): the profile of a sampling stage
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = int(batch_size)
@@ -361,7 +365,9 @@ class TransformersSampler:
             return out  # type: ignore[return-value]
         for b, s in enumerate(range(0, len(rows), self.batch_size)):
             chunk = rows[s : s + self.batch_size]
+            t0 = time.perf_counter()
             res = self._generate_batch([encoded[i] for i, _ in chunk], p, sampler_seed(seed, b))
+            self.timing["decode_s"] += time.perf_counter() - t0
             for (i, j), r in zip(chunk, res):
                 out[i][j] = r
         return out  # type: ignore[return-value]
@@ -460,16 +466,22 @@ class TransformersSampler:
         keys = [tuple(x) for x in encoded]
         batches = [rows[s : s + self.batch_size] for s in range(0, len(rows), self.batch_size)]
         last_batch = {keys[i]: b for b, chunk in enumerate(batches) for i, _ in chunk}
+        t0 = time.perf_counter()
         prefix = self._shared_prefix(sorted(set(keys)))
+        self.timing["prefill_s"] += time.perf_counter() - t0
         states: dict[tuple[int, ...], _PromptState] = {}
         for b, chunk in enumerate(batches):
+            t0 = time.perf_counter()
             for i, _ in chunk:
                 if keys[i] not in states:
                     states[keys[i]] = self._prefill(encoded[i], prefix)
+            t1 = time.perf_counter()
             gens = [_row_generator(sampler_seed(seed, i, j), self.device) for i, j in chunk]
             res = self._decode(
                 [states[keys[i]] for i, _ in chunk], [encoded[i] for i, _ in chunk], gens, p
             )
+            self.timing["prefill_s"] += t1 - t0
+            self.timing["decode_s"] += time.perf_counter() - t1
             for (i, j), r in zip(chunk, res):
                 out[i][j] = r
             for k in [k for k, last in last_batch.items() if last == b]:

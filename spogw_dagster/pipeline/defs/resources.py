@@ -24,6 +24,7 @@ from spogw_dagster.benchmarks.queries import default_split_sizes, held_out_probl
 from spogw_dagster.contracts import Problem
 from spogw_dagster.core.inference.sampling import make_sampler
 from spogw_dagster.executors.attribution import FaultAttributingExecutor
+from spogw_dagster.executors.base import time_split_of
 from spogw_dagster.executors.factory import make_executor
 from spogw_dagster.models import resolve_dtype
 from spogw_dagster.pipeline.data.storage import AssetStore
@@ -118,7 +119,7 @@ class PipelineResource(dg.ConfigurableResource):
         e = self.config().executor
         ex = make_executor(e.endpoints(), e.model, cache_path=self.cache_path(), use_cache=e.cache,
                            api_key_env=e.api_key_env, max_concurrency=e.max_concurrency, timeout_s=e.timeout_s,
-                           workers=e.workers, threads=e.threads)
+                           workers=e.workers, threads=e.threads, reproducible=e.reproducible)
         session = ExecutorSession(ex)
         try:
             yield session
@@ -146,3 +147,7 @@ class ExecutorSession:
         faults = node.request_faults_of() if node is not None else {}
         return {"cache_hits": int(getattr(ex, "hits", 0)), "new_calls": int(getattr(ex, "misses", 0)),
                 "uncacheable_calls": int(getattr(ex, "uncacheable", 0)), **faults}
+
+    def time_split(self) -> dict[str, float]:
+        """Where the executor's served calls spent their time (`executors.time_split_of`), rounded."""
+        return {k: round(v, 2) if isinstance(v, float) else v for k, v in time_split_of(self.executor).items()}

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -163,8 +164,10 @@ def store_baseline(root: Path, key: str, rows: pl.DataFrame) -> None:
         write_parquet_atomic(rows, root / CACHE_DIR / f"baseline-{key[:24]}.parquet")
 
 
-def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tuple[pl.DataFrame, dict[str, int]]:
-    """Execute every planned workflow (runs of one executor seed together) and build heldout rows."""
+def execute(pipeline, planned: Planned, cfg, iteration: int, split: str,
+            time_split: dict[str, float] | None = None) -> tuple[pl.DataFrame, dict[str, int]]:
+    """Execute every planned workflow (runs of one executor seed together) and build heldout rows; where the
+    executor's time went is added into `time_split` when given."""
     iso = pipeline.isolation()
     by_seed: dict[int, list[int]] = defaultdict(list)
     for i, (hs, _) in enumerate(planned):
@@ -178,6 +181,8 @@ def execute(pipeline, planned: Planned, cfg, iteration: int, split: str) -> tupl
                                           runs=heldout_runs(cfg))
                 for i, r in zip(idx, res):
                     results[i] = r
+            if time_split is not None:
+                time_split.update(ex.time_split())
             return results, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}
 
     results, counters = asyncio.run(run()) if planned else ([], {"cache_hits": 0, "new_calls": 0,
@@ -194,6 +199,8 @@ class Scored:
     baselines_cached: list[str]
     executed: pl.DataFrame  # the rows executed just now (valid workflows; not reused or cached ones): the
     # outage rule's input (domain/outage.py)
+    generation_s: float = 0.0  # writing the policies' held-out workflows (the generator's share of the report)
+    time_split: dict[str, float] = field(default_factory=dict)  # the executor's (executors.time_split_of)
 
 
 def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg, *, iteration: int, split: str,
@@ -203,9 +210,11 @@ def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg
     root = Path(pipeline.assets_dir)
     planned: Planned = []
     per_policy = len(problems) * sum(n for _, n, _ in modes(cfg))
+    t0 = time.monotonic()
     for policy in policies:
         say(f"generating {per_policy} {split} workflows from {policy.system}")
         planned += policy_jobs(pipeline, policy, problems, cfg)
+    generation_s = time.monotonic() - t0
     parts, fresh, cached_names = list(reused), {}, []
     for method in cfg.report.baselines:
         key = baseline_cache_key(method, problems, cfg)
@@ -218,8 +227,9 @@ def score(pipeline, policies: Sequence[Policy], problems: Sequence[Problem], cfg
             planned += baseline_jobs(method, problems, cfg)
     say(f"executing {len(planned)} workflows on {len(problems)} {split} queries"
         + (f" (baselines from the cache: {', '.join(cached_names)})" if cached_names else ""))
-    rows, counters = execute(pipeline, planned, cfg, iteration, split)
+    split_ = {}
+    rows, counters = execute(pipeline, planned, cfg, iteration, split, time_split=split_)
     for system, key in fresh.items():
         store_baseline(root, key, rows.filter(pl.col("system") == system))
     heldout = tables.heldout_frame(pl.concat([rows, *parts], how="vertical_relaxed").to_dicts())
-    return Scored(heldout, counters, cached_names, rows.filter(pl.col("valid")))
+    return Scored(heldout, counters, cached_names, rows.filter(pl.col("valid")), round(generation_s, 2), split_)

@@ -29,12 +29,13 @@ def _quiet(msg: str) -> None:
     pass
 
 
-def sample_iteration(pipeline, cfg, k: int, parent, problems, seed: int, say: Say = _quiet
-                     ) -> tuple[pl.DataFrame, float]:
+def sample_iteration(pipeline, cfg, k: int, parent, problems, seed: int, say: Say = _quiet,
+                     timing: dict[str, float] | None = None) -> tuple[pl.DataFrame, float]:
     """Iteration k's rows: m workflows per query from π_{k-1} (`parent`, None = the base model), then W4S's turns
-    when refinement is on. Returns (rows, generation tokens/s of the first turn)."""
+    when refinement is on. Returns (rows, generation tokens/s of the first turn); `timing` (when given) gets the
+    first turn's sampler load, prefill and decode seconds."""
     prompts, samples, tps = generate_samples(pipeline, parent.path if parent else None, problems, n=cfg.curation.m,
-                                             temperature=cfg.generator.temperature, seed=seed)
+                                             temperature=cfg.generator.temperature, seed=seed, timing=timing)
     df = tables.sampled_frame(
         k, [p.id for p in problems], prompts, samples, problems[0].family,
         parent_iteration=parent.iteration if parent else None, parent_sha256=parent.sha256 if parent else None,

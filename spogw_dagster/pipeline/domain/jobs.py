@@ -14,7 +14,7 @@ from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.evaluation import EvalResult, evaluate_workflow
 from spogw_dagster.pipeline.domain.errors import StaleInputError
 from spogw_dagster.pipeline.settings import SpogwConfig
-from spogw_dagster.workflow.operators import OperatorConfig
+from spogw_dagster.workflow.operators import CODE_STOP, OperatorConfig
 from spogw_dagster.workflow.runtime import DEFAULT_LIMITS
 
 __all__ = ["EvalJob", "evaluate_jobs", "jobs_for"]
@@ -35,7 +35,8 @@ def operator_config(cfg: SpogwConfig) -> OperatorConfig:
     """The operators' executor sampling and call budgets of a config (what its runs' call cache is keyed by)."""
     e = cfg.executor
     return OperatorConfig(temperature=e.temperature, top_p=e.top_p, max_tokens=e.max_tokens,
-                          max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls)
+                          max_operator_calls=e.max_operator_calls, max_llm_calls=e.max_llm_calls,
+                          code_stop=CODE_STOP if e.stop_after_code else ())
 
 
 def run_limits(cfg: SpogwConfig):

@@ -64,6 +64,8 @@ def benchmark_report(context: dg.AssetExecutionContext, pipeline: PipelineResour
         "executor_new_calls": dg.MetadataValue.int(scored.counters["new_calls"]),
         "executor_cache_hits": dg.MetadataValue.int(scored.counters["cache_hits"]),
         "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),
+        "generation_s": dg.MetadataValue.float(scored.generation_s),
+        "executor_time": dg.MetadataValue.json(scored.time_split),
         "heldout_results": dg.MetadataValue.path(str(side)),
         "isolation": dg.MetadataValue.text(pipeline.isolation().name),
         **executor_runtime_metadata(),

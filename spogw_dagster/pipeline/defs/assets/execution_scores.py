@@ -51,11 +51,12 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
     async def run():
         async with pipeline.executor() as ex:
             res = await evaluate_jobs(jobs, ex.executor, iso, cfg, seed=cfg.execution.seed)
-            return res, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}, ex.model
+            return res, {**ex.counters(), "failed_calls": int(getattr(ex.executor, "failures", 0))}, ex.model, \
+                ex.time_split()
 
     say(context, f"executing {len(jobs)} workflows ({sum(j.code is not None for j in jobs)} valid), "
                  f"isolation={iso.name}")
-    results, counters, executor_model = asyncio.run(run())
+    results, counters, executor_model, time_split = asyncio.run(run())
     ladder = cfg.reward.core()
     df = tables.execution_frame(
         tables.execution_row(k, j.tag[0], j.tag[1], j.tag[2], r, ladder, workflow=j.code) for j, r in zip(jobs, results))
@@ -66,6 +67,7 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
         **_sampled_metadata(df, sampled_workflows),
         "executor": dg.MetadataValue.text(executor_model),
         "isolation": dg.MetadataValue.text(iso.name),
+        "executor_time": dg.MetadataValue.json(time_split),
         "reward_ladder": dg.MetadataValue.json(cfg.reward.model_dump()),
         **executor_runtime_metadata(),
     })

@@ -11,6 +11,7 @@ import dagster as dg
 import polars as pl
 
 from spogw_dagster.pipeline.defs.assets.common import common_metadata, md_table, parent_or_fail, say, versioned
+from spogw_dagster.models import resolve_dtype
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain.anchors import ANCHOR_FINISH
@@ -38,9 +39,13 @@ def sampled_workflows(context: dg.AssetExecutionContext, pipeline: PipelineResou
     seed = derive_seed(cfg.generator.seed, "sample", k)
     say(context, f"iteration {key}: sampling {cfg.curation.m} workflows for each of {len(problems)} queries from "
                  f"{'lora_checkpoint[' + parent.partition + ']' if parent else 'the base model'}")
-    df, tps = sample_iteration(pipeline, cfg, k, parent, problems, seed, say=lambda m: say(context, m))
+    timing: dict[str, float] = {}
+    df, tps = sample_iteration(pipeline, cfg, k, parent, problems, seed, say=lambda m: say(context, m),
+                               timing=timing)
     context.add_output_metadata({**common_metadata(cfg, NAME, t0),
-                                 **_metadata(df, parent, len(problems), tps, seed, problems[0].family)})
+                                 **_metadata(df, parent, len(problems), tps, seed, problems[0].family),
+                                 "generator_dtype": dg.MetadataValue.text(resolve_dtype(cfg.generator.dtype)),
+                                 "sampling_time": dg.MetadataValue.json(timing)})
     say(context, f"{df.height} workflows, parse status {dict(Counter(df['parse_status'].to_list()))}, "
                  f"{tps:.1f} tokens/s, {time.monotonic() - t0:.1f} s")
     return df
