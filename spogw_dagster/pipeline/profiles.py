@@ -8,7 +8,7 @@
 - ``answers`` where answers can move on 2 cores: the bundled Qwen2.5-Coder-0.5B as executor (HumanEval IO
             pass@1 0.494 on all 83 test queries, against ~0.05 for SmolLM2) and as generator (the anchored
             prompt: greedy base workflows all valid on validation); one iteration, held out on the first 40 test
-            queries, greedy, beside IO: the README's headline run, about 50 minutes on 2 cores; needs
+            queries, greedy, beside IO: the README's first command, 33 minutes on 2 cores; needs
             `pip install -e ".[qwen05b]"` (or `spogw models install qwen2.5-coder-0.5b`).
 - ``ci``    the same stack, smaller still: what the end-to-end test runs (2 training queries, m = n = 4, t = 1,
             short generations, 2 held-out queries, 1 epoch, 2 iterations).
@@ -31,8 +31,8 @@ __all__ = ["PROFILES", "HEADLINE_RUN", "get_profile", "profile_names"]
 # by saying where it is (the embedded default cannot show an answer moving: a 135M executor solves ~5%).
 HEADLINE_RUN = {
     "profile": "answers",
-    "command": 'pip install -e ".[qwen05b]" && spogw run --profile answers',
-    "wall": "about 55 min for seed 0 on 2 CPU cores, 3.4 GB peak RSS (2026-12-06, run I)",
+    "command": 'pip install -e ".[qwen05b]" && spogw runtime install --variant host && spogw run --profile answers',
+    "wall": "33 min for seed 0 on 2 CPU cores, 6.2 GiB peak (2026-12-07)",
     "where": "README.md, The headline result",
 }
 
@@ -81,7 +81,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     "answers": {
         # one iteration, held out on the first 40 of the 83 test queries, IO beside it: the headline run fits
-        # about 50 minutes on 2 cores (measured 49 min 29 s, 2026-12-05); all 83 with training take about 80.
+        # 33 minutes on 2 cores (2026-12-07; 65 in float32 with the reproducible executor); all 83 take longer.
         # `benchmark: {heldout_queries: 83}` goes further; `--iterations 2` undid seed 0's gain in run J (the
         # near-duplicate screen left 4 groups on one query: docs/methods.md). Choices are made on validation (16)
         "iterations": 1,
@@ -96,7 +96,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         # anchors: the prompt's three workflows in every query's groups (the policy samples the three-draft
         # ensemble a few times in 128; with them, run I's seed 0 learned it: 0.600 against the base's 0.475)
         # dtype auto: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), float32 elsewhere; sampling
-        # 2.1x and training 1.5x faster there, training peak 7.1 -> 4.9 GiB (docs/measurements.md, 2026-12-07)
+        # 2.1x and training 1.5x faster there, training peak 7.1 -> 6.0 GiB (docs/measurements.md, 2026-12-07)
         "generator": {"model": "qwen2.5-coder-0.5b", "backend": "transformers", "temperature": 1.0,
                       "max_new_tokens": 160, "batch_size": 8, "seed": 0, "prompt": "anchored", "anchors": True,
                       "dtype": "auto"},
