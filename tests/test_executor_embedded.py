@@ -222,3 +222,17 @@ def test_the_fast_mode_runs_its_own_servers_and_keys_its_calls_apart(tmp_path):
     con = sqlite3.connect(cache)
     assert con.execute("select count(*) from calls").fetchone()[0] == 2  # one entry per mode, not one hit
     con.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_fast_workers_left():
+    """The fast mode's shared workers are this module's own: later tests (and assets' runtime metadata, which
+    lists every embedded server of the process) see only the reproducible mode's."""
+    yield
+    import spogw_dagster.executors.embedded as emb
+
+    with emb._SERVERS_LOCK:
+        fast = [k for k in emb._SERVERS if k[-1]]  # the key's last part: the servers' extra flags
+        workers = [w for k in fast for w in emb._SERVERS.pop(k)]
+    for w in workers:
+        w.stop()
