@@ -598,3 +598,50 @@ def test_valid_only_groups_compare_what_valid_workflows_do():
 def test_valid_only_must_be_a_bool():
     with pytest.raises(ConfigError, match="valid_only"):
         CurationConfig(valid_only="yes")
+
+
+def _with_anchors(df: pl.DataFrame, anchors: set) -> pl.DataFrame:
+    return df.with_columns(pl.Series("anchor", [i in anchors for i in df["sample_idx"].to_list()]))
+
+
+def test_anchor_contrast_groups_the_prompts_workflows_on_their_own_and_zero_sum():
+    # samples 0-3 (0 right, 1-3 ran but wrong) and the prompt's three workflows 4-6 (IO and code_generate -> test
+    # wrong, the ensemble right); the ensemble's code is sample 0's, which in "mixed" makes it a near-duplicate
+    rows = [("q", 0, 1.0, "ok", distinct_code(0)), ("q", 1, 0.25, "ok"), ("q", 2, 0.25, "ok"), ("q", 3, 0.25, "ok"),
+            ("q", 4, 0.25, "ok"), ("q", 5, 0.25, "ok"), ("q", 6, 1.0, "ok", distinct_code(0))]
+    df = _with_anchors(frame(rows), {4, 5, 6})
+    cfg = dict(m=4, n=4, t=2, g_max=1, tau_sim=0.95, tau_std=0.01, adv_std_floor=0.25)
+    r = C.curate(df, CurationConfig(**cfg, anchor_groups="contrast"))
+    assert r.dropped_rows.height == 0  # an anchor is never a near-duplicate of a sample
+    assert sorted(r.groups["group_id"].to_list()) == ["0:q#0", "0:q#anchors"]
+    adv = dict(zip(r.members["sample_idx"].to_list(), r.members["advantage"].to_list()))
+    # samples: mean .4375, deviations +.5625, -.1875 x 3; variance (.31640625 + 3 x .03515625) / 4 = .10546875
+    s_std = 0.10546875 ** 0.5
+    # anchors: mean .5, deviations -.25, -.25, +.5; variance (.0625 + .0625 + .25) / 3 = .125 (std .3536 > floor)
+    a_std = 0.125 ** 0.5
+    assert adv == pytest.approx({0: 0.5625 / (s_std + 1e-4), 1: -0.1875 / (s_std + 1e-4), 2: -0.1875 / (s_std + 1e-4),
+                                 3: -0.1875 / (s_std + 1e-4), 4: -0.25 / (a_std + 1e-4), 5: -0.25 / (a_std + 1e-4),
+                                 6: 0.5 / (a_std + 1e-4)}, abs=1e-12)
+    anchors = r.members.filter(pl.col("group_id") == "0:q#anchors").sort("rank")
+    # kept whole (t = 2 does not apply): the one above the mean is the top half, the rest the bottom, worst first
+    assert anchors.select("sample_idx", "role").rows() == [(6, "top"), (4, "bottom"), (5, "bottom")]
+    assert sum(anchors["advantage"].to_list()) == pytest.approx(0.0, abs=1e-12)
+    # "mixed" (the default) ignores the flag: the ensemble leaves as sample 0's near-duplicate, no anchor group
+    mixed = C.curate(df, CurationConfig(**cfg))
+    assert mixed.dropped_rows.select("sample_idx", "reason").rows() == [(6, "near_duplicate_of:0")]
+    assert not any(g.endswith("#anchors") for g in mixed.groups["group_id"].to_list())
+
+
+def test_anchor_groups_that_cannot_contrast_are_dropped_with_their_reason():
+    # query a: its anchors all score alike (std 0 < tau_std); query b: one anchor ran, the other never parsed
+    rows = [("a", 0, 0.25, "ok"), ("a", 1, 0.25, "ok"), ("b", 0, 1.0, "ok"), ("b", 1, 0.0, "format_error")]
+    df = _with_anchors(frame(rows), {0, 1})
+    r = C.curate(df, CurationConfig(m=4, n=4, t=2, g_max=1, tau_std=0.01, valid_only=True, anchor_groups="contrast"))
+    assert r.members.height == 0
+    got = sorted(r.dropped_groups.select("query_id", "reason").rows())
+    assert got == [("a", "low_score_std"), ("b", "too_few_workflows")]
+
+
+def test_anchor_groups_must_be_a_known_choice():
+    with pytest.raises(ConfigError, match="anchor_groups='together'.*mixed, contrast"):
+        CurationConfig(anchor_groups="together")

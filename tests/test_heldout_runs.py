@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import polars as pl
 import pytest
 
 from spogw_dagster.benchmarks.queries import get_problem, split_problems
@@ -52,3 +53,22 @@ def test_a_held_out_workflow_is_the_mean_of_its_runs(runs, calls, score):
     [res] = asyncio.run(evaluate_jobs([EvalJob(he0, baseline_workflow("code", "io"))], ex, detect_isolation(), cfg,
                                       seed=0, runs=runs))
     assert ex.calls == calls and res.score == pytest.approx(score)
+
+
+def test_anchor_rows_run_anchor_runs_times_and_samples_once():
+    """`execution.anchor_runs`: the prompt's own workflows (finish_reason "anchor") are scored as the mean of
+    their own number of runs; the policy's samples keep `execution.runs`."""
+    from spogw_dagster.pipeline.domain.jobs import jobs_for
+
+    he0 = get_problem("humaneval", "HumanEval/0")
+    code = baseline_workflow("code", "io")
+    sampled = pl.DataFrame({"query_id": [he0.id] * 2, "sample_idx": [0, 8], "parse_status": ["ok", "ok"],
+                            "workflow": [code, code], "parse_error": ["", ""], "finish_reason": ["stop", "anchor"]})
+    jobs = jobs_for(sampled, {he0.id: he0}, "0000", anchor_runs=3)
+    assert [j.runs for j in jobs] == [None, 3]
+    assert [j.runs for j in jobs_for(sampled, {he0.id: he0}, "0000")] == [None, None]
+    cfg = load_config("ci")
+    for job, calls, score in ((jobs[1], 3, 2 / 3), (jobs[0], 1, 1.0)):
+        ex = Alternating()
+        [res] = asyncio.run(evaluate_jobs([job], ex, detect_isolation(), cfg, seed=0))
+        assert ex.calls == calls and res.score == pytest.approx(score)

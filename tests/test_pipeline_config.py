@@ -61,6 +61,9 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"training": {"min_queries": 3}}, "training.min_queries=3 is more than benchmark.train_queries=2"),
     ({"training": {"min_queries": 0}}, "training.min_queries"),
     ({"training": {"off_policy_loss": "log_prob"}}, "generator.anchors is off"),
+    ({"curation": {"anchor_groups": "contrast"}}, "curation.anchor_groups applies to the prompt's own workflows"),
+    ({"execution": {"anchor_runs": 3}}, "execution.anchor_runs applies to the prompt's own workflows"),
+    ({"curation": {"anchor_groups": "apart"}}, "choose one of mixed, contrast"),
     ({"training": {"off_policy_loss": "shaped", "off_policy_gamma": -1.0}}, "must be > 0"),
     ({"nonsense": 1}, "nonsense"),
 ])
@@ -224,6 +227,20 @@ def test_off_policy_loss_is_hashed_only_when_it_changes_the_loss():
     assert (shaped["off_policy_loss"], shaped["off_policy_gamma"]) == ("shaped", 0.1)
     with pytest.raises(ConfigValidationError, match="GRPO family"):
         load_config("answers", overrides={"training": {"off_policy_loss": "log_prob", "objective": "rwr"}})
+
+
+def test_anchor_settings_are_hashed_only_when_set_and_only_where_they_act():
+    """At their defaults the anchor settings leave every hash as it was; set, each changes its own stage and what
+    follows, never the samples."""
+    a = load_config("answers")
+    same = load_config("answers", overrides={"curation": {"anchor_groups": "mixed"}, "execution": {"anchor_runs": None}})
+    assert config_hash(same) == config_hash(a)
+    runs3 = load_config("answers", overrides={"execution": {"anchor_runs": 3}})
+    assert section_hash(runs3, "execution_scores") != section_hash(a, "execution_scores")
+    assert section_hash(runs3, "sampled_workflows") == section_hash(a, "sampled_workflows")
+    contrast = load_config("answers", overrides={"curation": {"anchor_groups": "contrast"}})
+    assert section_hash(contrast, "screened_groups") != section_hash(a, "screened_groups")
+    assert section_hash(contrast, "execution_scores") == section_hash(a, "execution_scores")
 
 
 def test_every_other_profile_points_to_the_headline_run():

@@ -19,6 +19,10 @@ asset can store its own stage:
 6. `sharpen_groups`           top-t and bottom-t of each kept group (2t members per group).
 7. `compute_advantages`       Â_i = (s_i − mean_g) / (std_g + ε) over the sharpened group.
 
+With `anchor_groups: contrast`, rows marked `anchor` skip steps 3–4 and 6: each query's anchors form one group of
+their own (`form_anchor_groups`), screened as any group and kept whole, so their advantages are zero-sum among
+the prompt's own workflows; the samples are filtered and grouped among themselves.
+
 `screen` runs steps 1–5 (the `screened_groups` asset) and `sharpen` steps 6–7 (`sharpened_groups`); both count
 their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`.
 
@@ -84,6 +88,8 @@ __all__ = [
     "code_similarity",
     "filter_near_duplicates",
     "form_groups",
+    "form_anchor_groups",
+    "is_anchor_group",
     "screen_groups",
     "sharpen_groups",
     "compute_advantages",
@@ -110,6 +116,10 @@ __all__ = [
 
 #: Optional input column: which prompt of its query a row was sampled from (null: the first one).
 PROMPT_GROUP = "prompt_group"
+#: Optional input column: the row is one of the prompt's own workflows (`generator.anchors`), not a sample.
+ANCHOR = "anchor"
+#: A query's anchor group (`anchor_groups: contrast`) is "<iteration>:<query_id>#anchors".
+ANCHOR_GROUP_SUFFIX = "#anchors"
 
 #: Columns every input row must have, with the dtype they are cast to.
 REQUIRED_COLUMNS: dict[str, pl.DataType] = {
@@ -239,7 +249,9 @@ def validate_samples(df: pl.DataFrame) -> pl.DataFrame:
     try:
         out = df.select([pl.col(c).cast(t, strict=True) for c, t in REQUIRED_COLUMNS.items()]
                         + [pl.col(PROMPT_GROUP).cast(pl.String(), strict=True) if PROMPT_GROUP in df.columns
-                           else pl.lit(None, dtype=pl.String()).alias(PROMPT_GROUP)])
+                           else pl.lit(None, dtype=pl.String()).alias(PROMPT_GROUP)]
+                        + [pl.col(ANCHOR).cast(pl.Boolean(), strict=True).fill_null(False) if ANCHOR in df.columns
+                           else pl.lit(False).alias(ANCHOR)])
     except pl.exceptions.PolarsError as e:  # InvalidOperationError, ComputeError, ...
         raise ValueError(f"sampled-workflow frame has a column of the wrong type: {e}") from e
 
@@ -528,6 +540,27 @@ def form_groups(
     return _columns(groups, GROUPS_SCHEMA), _columns(dropped, DROPPED_GROUPS_SCHEMA)
 
 
+def form_anchor_groups(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """`anchor_groups: contrast`: one group per query (and prompt group) of all its usable anchor rows, group_id
+    "<iteration>:<query_id>#anchors", members in sample_idx order. A query with fewer than 2 usable anchors
+    gives a dropped-group row "too_few_workflows" (one workflow has nothing to be contrasted with)."""
+    groups: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for (it, qid, pg), rows in _by_query(df):
+        idxs = [r["sample_idx"] for r in rows]
+        if len(rows) < 2:
+            dropped.append({"iteration": it, "query_id": qid, "group_id": None, "members": idxs, "score_std": None,
+                            "reason": REASON_TOO_FEW})
+            continue
+        groups.append({"iteration": it, "query_id": qid, "group_id": _group_prefix(it, qid, pg) + ANCHOR_GROUP_SUFFIX,
+                       "members": idxs, "scores": [float(r["score"]) for r in rows]})
+    return _columns(groups, GROUPS_SCHEMA), _columns(dropped, DROPPED_GROUPS_SCHEMA)
+
+
+def is_anchor_group(group_id: str) -> bool:
+    return group_id.endswith(ANCHOR_GROUP_SUFFIX)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 5. Screening
 # --------------------------------------------------------------------------------------------------------------
@@ -575,8 +608,14 @@ def screen_groups(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _sharpen(members: Sequence[int], scores: Sequence[float], t: int) -> tuple[list[int], list[int]]:
+def _sharpen(members: Sequence[int], scores: Sequence[float], t: int, keep_all: bool = False
+             ) -> tuple[list[int], list[int]]:
     pairs = list(zip(members, scores))
+    if keep_all:  # an anchor group keeps every member: those above the mean are the top half
+        mean = math.fsum(scores) / len(scores)
+        top = sorted((p for p in pairs if p[1] > mean), key=lambda p: (-p[1], p[0]))
+        bottom = sorted((p for p in pairs if p[1] <= mean), key=lambda p: (p[1], p[0]))
+        return [p[0] for p in top], [p[0] for p in bottom]
     top = sorted(pairs, key=lambda p: (-p[1], p[0]))[:t]
     top_set = {p[0] for p in top}
     bottom = sorted((p for p in pairs if p[0] not in top_set), key=lambda p: (p[1], p[0]))[:t]
@@ -601,11 +640,12 @@ def sharpen_groups(
     seen: dict[tuple[int, str, frozenset[int]], str] = {}
     for g in groups.iter_rows(named=True):
         members, scores = g["members"], g["scores"]
-        if len(members) < 2 * t:
+        anchors = is_anchor_group(g["group_id"])
+        if len(members) < 2 * t and not anchors:
             raise ValueError(
                 f"group {g['group_id']} has {len(members)} members, fewer than 2t={2 * t}; set n >= 2t"
             )
-        top, bottom = _sharpen(members, scores, t)
+        top, bottom = _sharpen(members, scores, t, keep_all=anchors)
         if dedup:
             key = (g["iteration"], g["query_id"], frozenset(top + bottom))
             if key in seen:
@@ -725,8 +765,15 @@ def screen(samples: pl.DataFrame, cfg: CurationConfig) -> Screening:
     if cfg.valid_only:
         usable, dropped_invalid = exclude_not_valid(usable)
         dropped_exec = pl.concat([dropped_exec, dropped_invalid])
-    usable, dropped_dup = filter_near_duplicates(usable, cfg.tau_sim)
-    groups, dropped_few = form_groups(usable, cfg.n, cfg.g_max, cfg.seed)
+    anchors = usable.filter(pl.col(ANCHOR)) if cfg.anchor_groups == "contrast" else usable.clear()
+    samples = usable.filter(~pl.col(ANCHOR)) if cfg.anchor_groups == "contrast" else usable
+    samples, dropped_dup = filter_near_duplicates(samples, cfg.tau_sim)
+    groups, dropped_few = form_groups(samples, cfg.n, cfg.g_max, cfg.seed)
+    if anchors.height:
+        a_groups, a_few = form_anchor_groups(anchors)
+        groups, dropped_few = pl.concat([groups, a_groups]), pl.concat([dropped_few, a_few])
+        samples = pl.concat([samples, anchors]).sort(["iteration", "query_id", "sample_idx"])
+    usable = samples
     kept, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)
     return Screening(
         rows_in=df.height, queries_in=df.select(["iteration", "query_id"]).unique().height, usable=usable, groups_formed=groups.height, groups=kept,

@@ -61,6 +61,9 @@ class _FromDict:
         return asdict(self)  # type: ignore[call-overload]
 
 
+ANCHOR_GROUPINGS = ("mixed", "contrast")
+
+
 @dataclass(frozen=True)
 class CurationConfig(_FromDict):
     """Filtering, grouping, screening, sharpening and advantages (the algorithm as docs/algorithm.md specifies it).
@@ -100,6 +103,13 @@ class CurationConfig(_FromDict):
               negative one, so use it where the generator's greedy output is already valid.
               Default False (the paper keeps every scored workflow). Only the GRPO family's groups: ScoreFlow's
               pairs and W4S's candidates are drawn as their papers draw them.
+    anchor_groups
+              how rows marked `anchor` (the prompt's own workflows, `generator.anchors`) are grouped. "mixed" (default):
+              like samples, in the same n-groups. "contrast": a query's anchors form one group of their own (all of
+              them, no sharpening, never near-duplicates of a sample) whose advantages are zero-sum among the
+              anchors; the samples form their n-groups without them. In "mixed", anchors that share an opening
+              all get positive advantage in a group of weaker samples, so the token that decides between them gets
+              the small difference of their sums; "contrast" gives it the anchors' own score difference.
     seed      seed of group sampling (combined with iteration and query id, so groups do not depend on row order).
     """
 
@@ -114,6 +124,7 @@ class CurationConfig(_FromDict):
     std_ddof: int = 0
     dedup_sharpened_groups: bool = False
     valid_only: bool = False
+    anchor_groups: str = "mixed"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -128,6 +139,8 @@ class CurationConfig(_FromDict):
         for name in ("dedup_sharpened_groups", "valid_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{c}.{name} must be True or False, got {getattr(self, name)!r}.")
+        if self.anchor_groups not in ANCHOR_GROUPINGS:
+            raise ConfigError(f"{c}.anchor_groups={self.anchor_groups!r}: choose one of {', '.join(ANCHOR_GROUPINGS)}.")
         if self.t < 1:
             raise ConfigError(
                 f"{c}.t={self.t}: sharpening keeps the top-t and bottom-t workflows, so t must be >= 1; set t >= 1."

@@ -241,6 +241,13 @@ class ExecutionSection(_Section):
     wall_s: float = Field(180.0, gt=0)
     seed: int = 0
     max_executor_error_rate: float = Field(0.1, ge=0, le=1)  # above it execution_scores fails (writes nothing)
+    # runs averaged for `generator.anchors`' rows (None: `runs`): the prompt's fixed workflows score the same in
+    # every seed and iteration (their calls are cached), so more runs cost once and steady the anchors' contrast
+    anchor_runs: int | None = Field(None, ge=1)
+
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        return _drop_defaults(handler(self), anchor_runs=None)
 
     @field_validator("isolation")
     @classmethod
@@ -277,7 +284,7 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        return _drop_defaults(handler(self), adv_std_floor=0.0, valid_only=False)
+        return _drop_defaults(handler(self), adv_std_floor=0.0, valid_only=False, anchor_groups="mixed")
 
     def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())
@@ -532,6 +539,12 @@ class SpogwConfig(BaseModel):
                 raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
+        if not self.generator.anchors:
+            for name, on in (("curation.anchor_groups", self.curation.anchor_groups != "mixed"),
+                             ("execution.anchor_runs", self.execution.anchor_runs is not None)):
+                if on:
+                    raise ValueError(f"{name} applies to the prompt's own workflows, and generator.anchors is off "
+                                     "(no row is an anchor); set generator.anchors: true, or remove it")
         if self.selection.epochs is not None and not self.selection.enabled:
             raise ValueError(f"selection.epochs={list(self.selection.epochs)} picks the training length on "
                              "validation, and selection is off; set selection.enabled: true, or remove epochs")

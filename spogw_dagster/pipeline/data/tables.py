@@ -192,12 +192,13 @@ def prompt_groups(sampled: pl.DataFrame) -> pl.Series:
 
 
 def curation_input(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
-    """The frame `core.curation` expects: one row per sampled workflow with its code, score, status and prompt
-    group (`prompt_groups`).
+    """The frame `core.curation` expects: one row per sampled workflow with its code, score, status, prompt
+    group (`prompt_groups`) and whether it is an anchor (one of the prompt's own workflows).
 
     Every sampled row must have a score row (an inner join would silently lose rows)."""
     key = ["iteration", "query_id", "sample_idx"]
-    left = sampled.select(key + ["workflow"]).with_columns(prompt_groups(sampled))
+    left = sampled.select(key + ["workflow"]).with_columns(prompt_groups(sampled),
+                                                          (pl.col("finish_reason") == ANCHOR_FINISH).alias("anchor"))
     joined = left.join(scores.select(key + ["score", "status"]), on=key, how="left")
     missing = joined.filter(pl.col("status").is_null())
     if missing.height:

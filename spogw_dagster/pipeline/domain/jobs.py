@@ -12,6 +12,7 @@ import polars as pl
 
 from spogw_dagster.contracts import Problem, Status
 from spogw_dagster.evaluation import EvalResult, evaluate_workflow
+from spogw_dagster.pipeline.data.tables import ANCHOR_FINISH
 from spogw_dagster.pipeline.domain.errors import StaleInputError
 from spogw_dagster.pipeline.settings import SpogwConfig
 from spogw_dagster.workflow.operators import CODE_STOP, OperatorConfig
@@ -29,6 +30,7 @@ class EvalJob:
     reject_status: str = ""
     reject_reason: str = ""
     tag: Any = None
+    runs: int | None = None  # executor runs averaged for this job (None: evaluate_jobs' runs)
 
 
 def operator_config(cfg: SpogwConfig) -> OperatorConfig:
@@ -45,8 +47,8 @@ def run_limits(cfg: SpogwConfig):
 
 async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig, *, seed: int,
                         runs: int | None = None) -> list:
-    """Execute and score every job with bounded concurrency, each the mean of `runs` executor runs (None:
-    `execution.runs`); rejected jobs score 0 without running."""
+    """Execute and score every job with bounded concurrency, each the mean of its own `EvalJob.runs`, else `runs`
+    executor runs (None: `execution.runs`); rejected jobs score 0 without running."""
 
     op_cfg, limits = operator_config(cfg), run_limits(cfg)
     sem = asyncio.Semaphore(cfg.execution.concurrency)
@@ -57,14 +59,15 @@ async def evaluate_jobs(jobs: Sequence[EvalJob], executor, iso, cfg: SpogwConfig
             return EvalResult(j.problem.benchmark, j.problem.id, Status(j.reject_status), 0.0,
                               error=j.reject_reason, isolation=iso.name)
         async with sem:
-            return await evaluate_workflow(j.code, j.problem, executor, iso, runs=runs, seed=seed,
+            return await evaluate_workflow(j.code, j.problem, executor, iso, runs=j.runs or runs, seed=seed,
                                            op_cfg=op_cfg, limits=limits)
 
     return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
-def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
-    """One job per sampled row; unparsed rows go through as their parse status (scored, never executed)."""
+def jobs_for(sampled: pl.DataFrame, problems: dict, key: str, anchor_runs: int | None = None) -> list[EvalJob]:
+    """One job per sampled row; unparsed rows go through as their parse status (scored, never executed). An
+    anchor row (one of the prompt's own workflows) runs `anchor_runs` times where that is set."""
     unknown = sorted(set(sampled["query_id"].to_list()) - set(problems))
     if unknown:
         raise StaleInputError(f"sampled_workflows[{key}] has queries not in the configured training set "
@@ -74,5 +77,6 @@ def jobs_for(sampled: pl.DataFrame, problems: dict, key: str) -> list[EvalJob]:
         ok = r["parse_status"] == "ok"
         jobs.append(EvalJob(problems[r["query_id"]], r["workflow"] if ok else None,
                             "" if ok else r["parse_status"], "" if ok else r["parse_error"],
-                            tag=(r["query_id"], r["sample_idx"], r["parse_status"])))
+                            tag=(r["query_id"], r["sample_idx"], r["parse_status"]),
+                            runs=anchor_runs if r.get("finish_reason") == ANCHOR_FINISH else None))
     return jobs

@@ -45,7 +45,8 @@ def execution_scores(context: dg.AssetExecutionContext, pipeline: PipelineResour
     cfg = pipeline.config()
     k = key_to_int(context.partition_key)
     with failures.as_failure():
-        jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key)
+        jobs = jobs_for(sampled_workflows, {p.id: p for p in pipeline.train_queries()}, context.partition_key,
+                        anchor_runs=cfg.execution.anchor_runs)
     iso = pipeline.isolation()
 
     async def run():
