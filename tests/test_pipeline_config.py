@@ -64,6 +64,7 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"curation": {"anchor_groups": "contrast"}}, "curation.anchor_groups applies to the prompt's own workflows"),
     ({"execution": {"anchor_runs": 3}}, "execution.anchor_runs applies to the prompt's own workflows"),
     ({"curation": {"anchor_groups": "apart"}}, "choose one of mixed, contrast"),
+    ({"benchmark": {"name": "gsm8k"}, "report": {"baselines": ["io", "sc3"]}}, "not a code benchmark"),
     ({"training": {"off_policy_loss": "shaped", "off_policy_gamma": -1.0}}, "must be > 0"),
     ({"nonsense": 1}, "nonsense"),
 ])

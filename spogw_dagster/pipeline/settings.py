@@ -49,6 +49,7 @@ from spogw_dagster.core.training.config import drop_default_off_policy
 from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
+from spogw_dagster.static_methods import STRUCTURES
 from spogw_dagster.workflow.template import shown_workflows
 
 __all__ = [
@@ -336,7 +337,8 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
 class ReportSection(_Section):
     """The held-out report: workflows for each query of `split` from checkpoint k and from π_{k-1} (the base
     model at k = 0), greedy and/or `samples` per query at `sample_temperature` (default: the generator's
-    training temperature), beside static baselines (AFlow's IO, CoT, CoT-SC written as workflows).
+    training temperature), beside static baselines (AFlow's IO, CoT, CoT-SC written as workflows; on code
+    benchmarks also the static structures of `spogw baseline`: gen_test, sc3, sc3_test, sc5).
 
     Sample j of every query uses the same sampler seed and executor seed for both policies (paired). Static
     baselines have no generator: "greedy" is one executor run (seed `seed`, as `spogw baseline`); with
@@ -344,7 +346,8 @@ class ReportSection(_Section):
     sample j of the policies uses). `split` is test (held-out) or validation (choose settings there, never
     on test)."""
 
-    baselines: tuple[Literal["io", "cot", "cot_sc", "self_refine", "multipersona"], ...] = ("io", "cot_sc")
+    baselines: tuple[Literal["io", "cot", "cot_sc", "self_refine", "multipersona", "gen_test", "sc3", "sc3_test",
+                             "sc5"], ...] = ("io", "cot_sc")
     split: Literal["test", "validation"] = "test"
     greedy: bool = True
     samples: int = Field(4, ge=0, le=256)
@@ -539,6 +542,10 @@ class SpogwConfig(BaseModel):
                 raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
+        structures = [b for b in self.report.baselines if b in STRUCTURES]
+        if structures and get_spec(self.benchmark.name).family != "code":
+            raise ValueError(f"report.baselines {structures} are static structures of the code operators, and "
+                             f"{self.benchmark.name!r} is not a code benchmark; remove them")
         if not self.generator.anchors:
             for name, on in (("curation.anchor_groups", self.curation.anchor_groups != "mixed"),
                              ("execution.anchor_runs", self.execution.anchor_runs is not None)):
