@@ -164,3 +164,39 @@ def test_a_baseline_cached_before_the_copy_columns_is_upgraded_not_a_crash(tmp_p
     assert set(got.columns) == set(tables.HELDOUT_SCHEMA) and got["iteration"].to_list() == [3, 3]
     both = pl.concat([tables.heldout_frame(_rows("P", "checkpoint", 3, [1, 1])), got], how="vertical_relaxed")
     assert both.height == 4
+
+
+def test_every_checkpoint_of_a_seed_against_base_io_and_the_best_static(tmp_path):
+    rows = hl.checkpoint_rows(_store(tmp_path, [1, 1, 1, 1]), seed=3, resamples=100)
+    assert [(r["seed"], r["iteration"], r["system"]) for r in rows] == [(3, 0, "spogw@0000"), (3, 1, "spogw@0001")]
+    first, last = rows
+    # spogw@0000 answers 1, 1, 0, 0: 0.5 at one call per query; base 1, 0, 0, 0 -> diffs 0, 1, 0, 0 = +0.25;
+    # io 1, 1, 1, 0 (the best static: cot has 0.25) -> diffs 0, 0, -1, 0 = -0.25
+    assert (first["answer"], first["calls_per_query"], first["n_queries"]) == (0.5, 1.0, 4)
+    assert first["delta_vs_base"]["diff"] == 0.25 and first["delta_vs_base"]["other"] == 0.25
+    assert first["delta_vs_io"]["diff"] == -0.25 and first["delta_vs_io"]["other"] == 0.75
+    assert first["best_static"] == "baseline:io" and first["delta_vs_best_static"] == first["delta_vs_io"]
+    lo, hi = first["delta_vs_io"]["low"], first["delta_vs_io"]["high"]
+    assert -1.0 <= lo <= -0.25 <= hi <= 0.0
+    # spogw@0001 answers all four: +0.75 vs base, +0.25 vs io
+    assert (last["answer"], last["delta_vs_base"]["diff"], last["delta_vs_io"]["diff"]) == (1.0, 0.75, 0.25)
+    # a reference no report scored pairs with nothing
+    assert hl.checkpoint_rows(AssetStore(tmp_path), 3, reference="baseline:sc3", resamples=50)[0]["delta_vs_io"] is None
+
+
+def test_the_headline_table_bench_prints_and_writes_every_seed(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("headline_table", Path(__file__).parents[1] / "bench" / "headline_table.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    _store(tmp_path / "seed-0", [1, 1, 1, 1])
+    _store(tmp_path / "seed-1", [0, 0, 0, 0])
+    out = tmp_path / "results" / "headline.json"
+    assert bench.main([str(tmp_path), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["seed"], r["iteration"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # seed 1's last checkpoint answers none: -0.25 vs base; the mean over the two seeds at iteration 1 is +0.25
+    text = bench.table(rows)
+    assert "| 1 | 1 | 0.000 | 1.00 | -0.250" in text and "| mean of 2 | 1 | 0.500 | 1.00 | +0.250" in text

@@ -126,3 +126,48 @@ def seed_table_text(t: pl.DataFrame) -> str:
         lines.append(f"  {who:<10} vs {r['against']:<22} {r['mode']:<8} {r['this']:.3f} vs {r['other']:.3f}: "
                      f"Δ {r['diff']:+.3f} {tail}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# every checkpoint of every seed (docs/results/headline.json)
+
+
+def _greedy_diff(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    r = next((r for r in rows if r["mode"] == "greedy" and r["metric"] == METRIC), None)
+    return None if r is None else {"diff": round(r["diff"], 4), "low": round(r["diff_ci_low"], 4),
+                                   "high": round(r["diff_ci_high"], 4), "other": round(r["b"], 4)}
+
+
+def checkpoint_rows(store: AssetStore, seed: int, reference: str = "baseline:io", resamples: int = 2000
+                    ) -> list[dict[str, Any]]:
+    """One row per checkpoint of a seed's run (iteration = its partition number from 0): its greedy answer
+    score and executor calls per query on the held-out queries, and the paired difference (95% bootstrap over
+    queries) to the base generator, to `reference` (a static baseline) and to the best static baseline the
+    reports scored: {diff, low, high, other} with `other` that system's score on the same pairs. A comparison with
+    no rows to pair with is None."""
+    heldout = heldout_rows(store)
+    if heldout is None:
+        return []
+    ok = pl.col("status") != Status.EXECUTOR_ERROR.value
+    best = best_baseline(heldout)
+    systems = sorted(set(heldout.filter(pl.col("kind") == "checkpoint")["system"].to_list()))
+    have = set(heldout["system"].to_list())
+    out = []
+    for system in systems:
+        mine = report_stats.system_rows(heldout, system)
+        greedy = mine.filter((pl.col("mode") == "greedy") & ok)
+        row: dict[str, Any] = {"seed": seed, "iteration": int(mine["checkpoint_iteration"].max()),
+                               "system": system, "n_queries": greedy["query_id"].n_unique(),
+                               "answer": round(float(greedy[METRIC].mean()), 4) if greedy.height else None,
+                               "calls_per_query": round(float(greedy["llm_calls"].mean()), 3) if greedy.height else None}
+        for label, other, gen_seeds in (("base", "base", True), ("io", reference, False),
+                                        ("best_static", best, False)):
+            cmp = []
+            if other in have:
+                cmp = report_stats.paired_comparison(mine.filter(pl.col("mode") == "greedy"),
+                                                     report_stats.system_rows(heldout, other), resamples=resamples,
+                                                     seed=0, generator_seeds=gen_seeds)
+            row[f"delta_vs_{label}"] = _greedy_diff(cmp)
+        row["best_static"] = best
+        out.append(row)
+    return out
