@@ -32,6 +32,23 @@ def test_ladder_reward_by_hand():
     assert ladder_reward(lad, "ok", ["ok"], 0.0, trivial=False) == pytest.approx(0.5)
 
 
+def test_the_call_cost_charges_each_executor_call_of_one_run():
+    lad = Ladder(format=0.05, valid=0.1, executes=0.1, answer=0.75, call_cost=0.02)
+    # right with 4 calls: 1 - 4 x 0.02 = 0.92; IO right with 1 call: 0.98; three runs of 4 calls each (12 in all)
+    # are charged per run: 0.92 again
+    assert ladder_reward(lad, "ok", ["ok"], 1.0, llm_calls=4) == pytest.approx(0.92)
+    assert ladder_reward(lad, "ok", ["ok"], 1.0, llm_calls=1) == pytest.approx(0.98)
+    assert ladder_reward(lad, "ok", ["ok"] * 3, 1.0, llm_calls=12) == pytest.approx(0.92)
+    # ran but wrong with 8 calls: 0.25 - 0.16 = 0.09; a parse failure that spent nothing keeps its format credit;
+    # the floor is 0 (format 0.05 - 8 x 0.02 < 0)
+    assert ladder_reward(lad, "ok", ["ok"], 0.0, llm_calls=8) == pytest.approx(0.09)
+    assert ladder_reward(lad, "invalid", [], 0.0) == pytest.approx(0.05)
+    assert ladder_reward(lad, "invalid", ["runtime_error"], 0.0, llm_calls=8) == 0.0
+    assert ladder_reward(Ladder(), "ok", ["ok"], 1.0, llm_calls=8) == 1.0  # λ 0: calls are free, as before
+    with pytest.raises(ValueError, match="call_cost"):
+        Ladder(call_cost=-0.1)
+
+
 def test_execution_row_marks_trivial_workflows_and_withholds_their_executes_credit():
     lad = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
     trivial = "class Workflow:\n    async def run(self):\n        return await self.test(solution=False)\n"

@@ -13,6 +13,10 @@ FloWright's ladder, r = w_f·format + w_v·valid + w_e·executes + w_a·answer, 
               iterations)
     answer    the benchmark metric, mean over runs (0/1 pass@1 for code and math, token F1 for QA)
 
+Optionally the ladder pays for what the workflow spends: `call_cost` λ subtracts λ × the executor calls of
+one run (mean over runs) before r is clipped to [0, 1], so of two workflows that answer alike the one with fewer
+calls scores higher (W4S's and AFlow's cost axis as a reward term; λ 0, the default, leaves r as it was).
+
 With the default weights (0, 0, 0, 1) r is the plain benchmark score. Rows whose runs hit an executor error
 keep their reward but curation drops them (our infrastructure failed, not the workflow).
 """
@@ -39,6 +43,7 @@ class Ladder:
     valid: float = 0.0
     executes: float = 0.0
     answer: float = 1.0
+    call_cost: float = 0.0  # λ: subtracted per executor call of one run (mean over runs)
 
     def __post_init__(self) -> None:
         ws = (self.format, self.valid, self.executes, self.answer)
@@ -48,6 +53,10 @@ class Ladder:
             raise ValueError(f"reward weights must be >= 0, got (format, valid, executes, answer) = {ws}")
         if sum(ws) > 1.0 + 1e-9:
             raise ValueError(f"reward weights sum to {sum(ws):g} > 1; scores must stay in [0, 1]: lower them")
+        if not (isinstance(self.call_cost, (int, float)) and not isinstance(self.call_cost, bool)
+                and math.isfinite(self.call_cost) and 0.0 <= self.call_cost <= 1.0):
+            raise ValueError(f"reward.call_cost must be a number in [0, 1] (λ per executor call), got "
+                             f"{self.call_cost!r}")
         if self.answer <= 0:
             raise ValueError("reward.answer must be > 0: a reward without the benchmark's answer trains for "
                              "form alone")
@@ -77,12 +86,15 @@ def executes_share(run_statuses: Sequence[str], run_produced: Sequence[bool] = (
 
 
 def ladder_reward(ladder: Ladder, parse_status: str, run_statuses: Sequence[str], answer_score: float,
-                  trivial: bool = False, run_produced: Sequence[bool] = ()) -> float:
+                  trivial: bool = False, run_produced: Sequence[bool] = (), llm_calls: int = 0) -> float:
     """The ladder reward of one workflow in [0, 1]; `trivial` (see `is_trivial`) forfeits the executes rung, and
-    only runs that called a solution-writing operator earn it (`executes_share`)."""
+    only runs that called a solution-writing operator earn it (`executes_share`). `llm_calls`: the executor
+    calls of all its runs together, charged at `call_cost` per call of one run."""
     fmt = 0.0 if parse_status == Status.FORMAT_ERROR.value else 1.0
     valid = 1.0 if parse_status == Status.OK.value else 0.0
     executes = executes_share(run_statuses, run_produced, valid=bool(valid), trivial=trivial)
     answer = float(answer_score) if valid else 0.0
     r = ladder.format * fmt + ladder.valid * valid + ladder.executes * executes + ladder.answer * answer
+    if ladder.call_cost and llm_calls:
+        r -= ladder.call_cost * llm_calls / max(1, len(run_statuses))
     return min(1.0, max(0.0, r))

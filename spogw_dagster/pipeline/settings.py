@@ -276,6 +276,10 @@ class RewardSection(_derived(Ladder)):  # type: ignore[misc]
     """FloWright-style reward ladder r = format·w_f + valid·w_v + executes·w_e + answer·w_a: the fields of
     `core.rewards.Ladder` (see it for their meaning and bounds)."""
 
+    @model_serializer(mode="wrap")
+    def _hash_stable(self, handler: Any) -> dict[str, Any]:
+        return _drop_defaults(handler(self), call_cost=0.0)
+
     def core(self) -> Ladder:
         return Ladder(**self.model_dump())
 

@@ -148,7 +148,7 @@ def execution_row(iteration: int, query_id: str, sample_idx: int, parse_status: 
         "iteration": iteration, "query_id": query_id, "sample_idx": sample_idx,
         "status": result.status.value, "trivial": trivial, **origin_columns(result),
         "score": ladder_reward(ladder, parse_status, list(result.run_statuses), answer_score, trivial,
-                               getattr(result, "run_produced", ())),
+                               getattr(result, "run_produced", ()), result.usage.llm_calls),
         "answer_score": answer_score, "runs": len(result.run_statuses),
         "run_statuses": list(result.run_statuses),
         "run_scores": [float(x) for x in result.run_scores],
@@ -405,7 +405,8 @@ def heldout_row(iteration: int, split: str, s: HeldoutSample, result, ladder: La
         "status": result.status.value, "valid": valid,
         # the reward's executes rung exactly: a trivial workflow (its answer is no operator's output) earns none
         "executes": executes_share(runs, produced, valid=valid, trivial=trivial),
-        "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial, produced), "answer_score": answer,
+        "reward": ladder_reward(ladder, s.parse_status, runs, answer, trivial, produced, result.usage.llm_calls),
+        "answer_score": answer,
         "trivial": trivial, "copied_from": s.copied_from, "near_copy": s.copied_from is not None,
         **origin_columns(result), "finish_reason": s.finish_reason, "n_tokens": s.n_tokens,
         "llm_calls": result.usage.llm_calls, "cached_calls": result.usage.cached_calls,
