@@ -110,7 +110,8 @@ def test_execution_rows_and_curation_input():
     assert df["llm_calls"].to_list() == [2, 0, 0] and df["runs"].to_list() == [1, 0, 0]
     sampled = _sampled(n_q=1)
     cin = tables.curation_input(sampled, df)
-    assert cin.columns == ["iteration", "query_id", "sample_idx", "workflow", "prompt_group", "score", "status"]
+    assert cin.columns == ["iteration", "query_id", "sample_idx", "workflow", "prompt_group", "anchor", "score", "status"]
+    assert cin["anchor"].to_list() == [False] * cin.height  # a frame without finish_reason has no anchors
     assert cin["prompt_group"].null_count() == cin.height  # one prompt per query: no prompt groups
     with pytest.raises(ValueError, match="no execution score"):
         tables.curation_input(sampled, df.head(2))
@@ -342,3 +343,35 @@ def test_paired_comparison_refuses_unpaired_seeds_and_unknown_systems():
         report_stats.paired_comparison(a, b)
     with pytest.raises(ValueError, match="no held-out results for system 'C'.*A, B"):
         report_stats.system_rows(pl.concat([a, b]), "C")
+
+
+def test_anchor_rows_reach_their_own_group_and_train_as_off_policy_examples():
+    """sampled_workflows -> curation_input -> screen/sharpen (anchor_groups contrast) -> training examples: the
+    rows marked "anchor" form their query's anchor group, zero-sum, and are the off-policy examples."""
+    from spogw_dagster.core import curation
+    from spogw_dagster.core.hyperparams import CurationConfig
+
+    lad = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
+    samples, fin = [], ["stop"] * 4 + ["anchor"] * 2
+    samples.append([tables.Sample(VALID_BODY.replace("Write it.", f"Write it {j}."), [10 + j, 11, 2],
+                                  [-0.5, -0.25, -0.125], f) for j, f in enumerate(fin)])
+    sampled = tables.sampled_frame(0, ["Q/0"], ["prompt 0"], samples, "code", parent_iteration=None,
+                                   parent_sha256=None, generator="smollm2")
+    answers = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]  # samples 0-3, then anchors 4 (wrong) and 5 (right)
+    scores = tables.execution_frame(tables.execution_row(0, "Q/0", j, "ok", _result("Q/0", Status.OK, a, ["ok"], 1),
+                                                         lad, workflow=VALID_BODY) for j, a in enumerate(answers))
+    cin = tables.curation_input(sampled, scores)
+    assert cin["anchor"].to_list() == [False] * 4 + [True] * 2
+    # tau_sim 1: the samples differ in one word and stay (identical code alone is a near-duplicate)
+    cfg = CurationConfig(m=4, n=4, t=2, g_max=1, tau_sim=1.0, tau_std=0.01, anchor_groups="contrast")
+    sc = curation.screen(cin, cfg)
+    sh = curation.sharpen(sc.groups, cfg)
+    anchors = sh.members.filter(pl.col("group_id") == "0:Q/0#anchors").sort("sample_idx")
+    # 0.5 and 1.0 (ladder .5 + answer .5): mean .75, std .25 -> -1 and +1 (up to ε)
+    assert anchors["advantage"].to_list() == pytest.approx([-1.0, 1.0], abs=1e-3)
+    ex = training_inputs.training_examples(sh.members, sampled, mark_off_policy=True)
+    by_group = {}
+    for e in ex:
+        by_group.setdefault(e.group_id, []).append(e.off_policy)
+    assert by_group["0:Q/0#anchors"] == [True, True] and not any(by_group["0:Q/0#0"])
+    assert sorted(round(e.advantage, 3) for e in ex if e.group_id == "0:Q/0#anchors") == [-1.0, 1.0]
