@@ -200,3 +200,20 @@ def test_the_headline_table_bench_prints_and_writes_every_seed(tmp_path):
     # seed 1's last checkpoint answers none: -0.25 vs base; the mean over the two seeds at iteration 1 is +0.25
     text = bench.table(rows)
     assert "| 1 | 1 | 0.000 | 1.00 | -0.250" in text and "| mean of 2 | 1 | 0.500 | 1.00 | +0.250" in text
+
+
+def test_pareto_table_by_hand():
+    # four queries; calls per query: checkpoint 4, base 2, io 1, cot 1
+    rows = (_rows("spogw@0000", "checkpoint", 0, [1, 1, 1, 0]) + _rows("base", "previous", 0, [1, 0, 0, 0])
+            + _rows("baseline:io", "baseline", 0, [1, 1, 0, 0], seed=None)
+            + _rows("baseline:cot", "baseline", 0, [1, 0, 0, 0], seed=None))
+    for r in rows:
+        r["llm_calls"] = {"spogw@0000": 4, "base": 2, "baseline:io": 1, "baseline:cot": 1}[r["system"]]
+    rows[3]["status"] = "executor_error"  # the checkpoint's fourth query: left out (3 queries, 1.0, 4 calls)
+    t = report_stats.pareto_table(tables.heldout_frame(rows))
+    got = {r["system"]: (r["answer_score"], r["calls_per_query"], r["on_frontier"]) for r in t.iter_rows(named=True)}
+    # io (0.5 at 1 call) dominates cot (0.25 at 1) and base (0.25 at 2); the checkpoint (1.0 at 4) is not dominated
+    assert got == {"baseline:io": (0.5, 1.0, True), "baseline:cot": (0.25, 1.0, False), "base": (0.25, 2.0, False),
+                   "spogw@0000": (1.0, 4.0, True)}
+    assert t["system"].to_list()[-1] == "spogw@0000"  # sorted by calls
+    assert "| spogw@0000 | 1.000 | 4.00 | yes |" in report_stats.pareto_text(t)

@@ -398,6 +398,10 @@ def test_execution_and_report_metadata_name_the_executor_runtime_and_its_cpu_fea
     timing = loop["md0"]["sampled_workflows"]["sampling_time"]
     assert timing["decode_s"] > 0 and timing["load_s"] > 0 and "prefill_s" in timing
     assert loop["md0"]["benchmark_report"]["generation_s"] > 0
+    # the cost axis: every system of the report with its calls per query, the frontier marked, and its plot
+    pareto = loop["md0"]["benchmark_report"]["pareto"]
+    assert all(f"| {s} |" in pareto for s in ("spogw@0000", "base", "baseline:io")), pareto
+    assert "data:image/png;base64," in loop["md0"]["benchmark_report"]["pareto_plot"]
 
 
 def test_sampled_metadata_and_report_measure_copies(loop):

@@ -295,3 +295,33 @@ def p_label(row: dict[str, Any]) -> str:
     if row.get("test_role") == TEST_DIAGNOSTIC and row.get("p_value") is not None:
         return f"{row['p_value']:.3f} (diagnostic, unadjusted)"
     return ""
+
+
+PARETO_SCHEMA: dict[str, pl.DataType] = {"system": pl.String(), "kind": pl.String(), "answer_score": pl.Float64(),
+                                         "calls_per_query": pl.Float64(), "n_queries": pl.Int64(),
+                                         "on_frontier": pl.Boolean()}
+
+
+def pareto_table(heldout: pl.DataFrame, mode: str = "greedy") -> pl.DataFrame:
+    """The answer score against its cost, per system of one report (`mode` rows, executor errors left out): the
+    mean answer score and the mean executor calls per query, and whether the system is on the Pareto frontier
+    (no other system answers at least as well with at most as many calls, and better in one of the two).
+    Sorted by calls per query."""
+    rows = heldout.filter((pl.col("mode") == mode) & (pl.col("status") != Status.EXECUTOR_ERROR.value))
+    if rows.height == 0:
+        return pl.DataFrame(schema=PARETO_SCHEMA)
+    per = (rows.group_by(["system", "kind"])
+           .agg(pl.col("answer_score").mean(), (pl.col("llm_calls").sum() / pl.col("query_id").n_unique())
+                .alias("calls_per_query"), pl.col("query_id").n_unique().alias("n_queries"))
+           .sort(["calls_per_query", "system"]))
+    pts = list(zip(per["answer_score"].to_list(), per["calls_per_query"].to_list()))
+    front = [not any(a2 >= a and c2 <= c and (a2 > a or c2 < c) for a2, c2 in pts) for a, c in pts]
+    return per.with_columns(pl.Series("on_frontier", front, dtype=pl.Boolean())).cast(PARETO_SCHEMA)  # type: ignore[arg-type]
+
+
+def pareto_text(table: pl.DataFrame) -> str:
+    lines = ["| system | answer score | executor calls / query | on the frontier |", "|---|---|---|---|"]
+    for r in table.iter_rows(named=True):
+        lines.append(f"| {r['system']} | {r['answer_score']:.3f} | {r['calls_per_query']:.2f} | "
+                     f"{'yes' if r['on_frontier'] else ''} |")
+    return "\n".join(lines)

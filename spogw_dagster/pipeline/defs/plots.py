@@ -129,3 +129,18 @@ def method_bars(table, reference: str, metrics: Sequence[str] = ("valid_rate", "
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return _png_markdown(fig, title)
+
+
+def pareto_plot(systems: Sequence[str], answers: Sequence[float], calls: Sequence[float], frontier: Sequence[bool],
+                title: str = "answer score vs executor calls per query") -> str:
+    fig, ax = _figure(5, 3)
+    ax.scatter(list(calls), list(answers), color=["#c44e52" if f else "#4c72b0" for f in frontier], zorder=3)
+    for s, x, y in zip(systems, calls, answers):
+        ax.annotate(s, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    fx = [(x, y) for x, y, f in sorted(zip(calls, answers, frontier)) if f]
+    if len(fx) > 1:
+        ax.step([x for x, _ in fx], [y for _, y in fx], where="post", color="#c44e52", lw=1)
+    ax.set_xlabel("executor calls per query")
+    ax.set_ylabel("answer score")
+    ax.set_title(title, fontsize=9)
+    return _png_markdown(fig, title)

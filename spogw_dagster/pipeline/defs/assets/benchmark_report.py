@@ -20,7 +20,7 @@ from spogw_dagster.pipeline.defs.assets.common import (
     say,
     versioned,
 )
-from spogw_dagster.pipeline.defs.assets.report_metadata import report_metadata
+from spogw_dagster.pipeline.defs.assets.report_metadata import pareto_metadata, report_metadata
 from spogw_dagster.pipeline.defs.partitions import iterations, key_to_int
 from spogw_dagster.pipeline.defs.resources import PipelineResource
 from spogw_dagster.pipeline.domain import heldout as ho
@@ -61,6 +61,7 @@ def benchmark_report(context: dg.AssetExecutionContext, pipeline: PipelineResour
     context.add_output_metadata({
         **common_metadata(cfg, NAME, t0),
         **report_metadata(store, key, report, split_info, prev.system, reused_prev is not None),
+        **pareto_metadata(scored.heldout),
         "executor_new_calls": dg.MetadataValue.int(scored.counters["new_calls"]),
         "executor_cache_hits": dg.MetadataValue.int(scored.counters["cache_hits"]),
         "baselines_from_cache": dg.MetadataValue.json(scored.baselines_cached),

@@ -10,7 +10,7 @@ import polars as pl
 
 from spogw_dagster.pipeline.data import report_stats
 from spogw_dagster.pipeline.data.storage import AssetStore
-from spogw_dagster.pipeline.defs.plots import learning_curve_plot
+from spogw_dagster.pipeline.defs.plots import learning_curve_plot, pareto_plot
 
 HEADLINE_METRICS = ("valid_rate", "executes_rate", "mean_reward", "answer_score", "trivial_rate")
 
@@ -59,3 +59,14 @@ def learning_curve_metadata(store: AssetStore, key: str, report: pl.DataFrame, s
         "learning_curve": dg.MetadataValue.md(learning_curve_plot(report_stats.learning_curve(allrep), baselines=lines)),
         "iterations_in_curve": dg.MetadataValue.int(allrep["iteration"].n_unique()),
     }
+
+
+def pareto_metadata(heldout: pl.DataFrame) -> dict[str, Any]:
+    """Answer score against executor calls per query for every system this report scored greedily (the
+    checkpoint, π_{k-1} and each static baseline): a table with the frontier marked, and its plot."""
+    t = report_stats.pareto_table(heldout)
+    if t.height == 0:
+        return {}
+    return {"pareto": dg.MetadataValue.md(report_stats.pareto_text(t)),
+            "pareto_plot": dg.MetadataValue.md(pareto_plot(t["system"].to_list(), t["answer_score"].to_list(),
+                                                           t["calls_per_query"].to_list(), t["on_frontier"].to_list()))}
