@@ -180,7 +180,7 @@ async def _baseline(args) -> int:
                "isolation": iso.name, **summarize(results)}
     if args.show or args.json:
         summary["results"] = [{"query": r.query_id, "status": r.status.value, "score": r.score,
-                               "answer_origin": r.answer_origin} for r in results]
+                               "answer_origin": r.answer_origin, "llm_calls": r.usage.llm_calls} for r in results]
     if args.json:
         print(json.dumps(summary))
     else:

@@ -107,3 +107,24 @@ def test_executor_levers_measures_what_a_stop_and_a_prompt_lookup_could_save():
     reply = "def total(xs):\n    " + doc + "    return sum(xs)\n"
     assert mod.copied_chars(reply, prompt) == len("def total(xs):\n    " + doc)
     assert mod.copied_chars("short", prompt) == 0
+
+
+def test_headroom_oracle_takes_the_best_per_query_at_the_cheapest_calls(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_headroom", BENCH / "headroom.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    table = {"io": {"a": (1.0, 1), "b": (0.0, 1), "c": (0.0, 1)},
+             "gen_test": {"a": (1.0, 2), "b": (1.0, 2), "c": (0.0, 2)},
+             "sc3": {"a": (0.0, 4), "b": (1.0, 4), "c": (1.0, 5), "d": (1.0, 4)}}
+    # a: io and gen_test answer, io is cheaper (1); b: gen_test (2) beats sc3 (4); c: only sc3 (5); d is not
+    # scored by every method, so it is left out
+    assert mod.oracle(table) == {"a": (1.0, 1), "b": (1.0, 2), "c": (1.0, 5)}
+    assert mod.oracle({"io": {"a": (0.0, None)}, "x": {"a": (0.0, 3)}}) == {"a": (0.0, None)}
+    # from `spogw baseline --json` files: executor errors leave, per-query calls come along
+    f = tmp_path / "io.json"
+    f.write_text(json.dumps({"method": "io", "results": [{"query": "a", "status": "ok", "score": 1.0, "llm_calls": 1},
+                                                         {"query": "b", "status": "executor_error", "score": 0.0}]}))
+    assert mod.from_json([str(f)], None) == {"io": {"a": (1.0, 1)}}
