@@ -41,7 +41,8 @@ def table(rows: list[dict]) -> str:
     lines = [f"| seed | iteration | checkpoint | calls / query | Δ vs base | Δ vs IO | Δ vs best static ({', '.join(best)}) |",
              "|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (r["iteration"], r["seed"])):
-        lines.append(f"| {r['seed']} | {r['iteration']} | {r['answer']:.3f} | {r['calls_per_query']:.2f} | "
+        carried = " (parent carried forward)" if r.get("carried_forward") else ""
+        lines.append(f"| {r['seed']} | {r['iteration']} | {r['answer']:.3f}{carried} | {r['calls_per_query']:.2f} | "
                      f"{_cell(r['delta_vs_base'])} | {_cell(r['delta_vs_io'])} | {_cell(r['delta_vs_best_static'])} |")
     for k in sorted({r["iteration"] for r in rows}):
         rs = [r for r in rows if r["iteration"] == k]

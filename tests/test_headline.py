@@ -180,6 +180,12 @@ def test_every_checkpoint_of_a_seed_against_base_io_and_the_best_static(tmp_path
     assert -1.0 <= lo <= -0.25 <= hi <= 0.0
     # spogw@0001 answers all four: +0.75 vs base, +0.25 vs io
     assert (last["answer"], last["delta_vs_base"]["diff"], last["delta_vs_io"]["diff"]) == (1.0, 0.75, 0.25)
+    assert first["carried_forward"] is None  # no lora_checkpoint table in this store
+    store = AssetStore(tmp_path)
+    for k, trained, selected in ((0, True, None), (1, True, False)):
+        store.write_parquet("lora_checkpoint", f"{k:04d}", tables.checkpoint_frame(
+            {"iteration": k, "trained": trained, "reused": False, "selected": selected}))
+    assert [r["carried_forward"] for r in hl.checkpoint_rows(store, 3, resamples=50)] == [False, True]
     # a reference no report scored pairs with nothing
     assert hl.checkpoint_rows(AssetStore(tmp_path), 3, reference="baseline:sc3", resamples=50)[0]["delta_vs_io"] is None
 

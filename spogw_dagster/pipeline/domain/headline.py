@@ -138,13 +138,23 @@ def _greedy_diff(rows: list[dict[str, Any]]) -> dict[str, float] | None:
                                    "high": round(r["diff_ci_high"], 4), "other": round(r["b"], 4)}
 
 
+def _carried_forward(store: AssetStore, iteration: int) -> bool | None:
+    """Whether checkpoint `iteration` is its parent's policy carried forward (no training data, fewer than
+    `training.min_queries` queries, or the validation gate kept the parent); None where the table is absent."""
+    key = f"{iteration:04d}"
+    if not store.exists("lora_checkpoint", key):
+        return None
+    row = store.read_parquet("lora_checkpoint", key).row(0, named=True)
+    return (not row["trained"]) or row.get("selected") is False
+
+
 def checkpoint_rows(store: AssetStore, seed: int, reference: str = "baseline:io", resamples: int = 2000
                     ) -> list[dict[str, Any]]:
     """One row per checkpoint of a seed's run (iteration = its partition number from 0): its greedy answer
     score and executor calls per query on the held-out queries, and the paired difference (95% bootstrap over
     queries) to the base generator, to `reference` (a static baseline) and to the best static baseline the
-    reports scored: {diff, low, high, other} with `other` that system's score on the same pairs. A comparison with
-    no rows to pair with is None."""
+    reports scored: {diff, low, high, other} with `other` that system's score on the same pairs (None where there
+    is none to pair with); and whether the checkpoint is its parent carried forward (counted, not hidden)."""
     heldout = heldout_rows(store)
     if heldout is None:
         return []
@@ -169,5 +179,6 @@ def checkpoint_rows(store: AssetStore, seed: int, reference: str = "baseline:io"
                                                      seed=0, generator_seeds=gen_seeds)
             row[f"delta_vs_{label}"] = _greedy_diff(cmp)
         row["best_static"] = best
+        row["carried_forward"] = _carried_forward(store, row["iteration"])
         out.append(row)
     return out
