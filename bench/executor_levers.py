@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import sqlite3
 import statistics
 import sys
 import time
@@ -45,6 +43,7 @@ from spogw_dagster.benchmarks.code_tests import solution_code  # noqa: E402
 from spogw_dagster.benchmarks.registry import load_benchmark  # noqa: E402
 from spogw_dagster.bundled_models import resolve_gguf  # noqa: E402
 from spogw_dagster.contracts import SamplingParams  # noqa: E402
+from spogw_dagster.executors.cache import stored_calls  # noqa: E402
 from spogw_dagster.executors.embedded import FAST_SERVER_ARGS, EmbeddedExecutor, LlamaServer  # noqa: E402
 from spogw_dagster.executors.llama_runtime import AVX512, PORTABLE, _built, host_variants  # noqa: E402
 from spogw_dagster.workflow.operators import ANSWER_HINT, CODE_STOP  # noqa: E402
@@ -56,15 +55,7 @@ def load_requests(cache: Path, limit: int) -> list[tuple[list[dict], SamplingPar
     if not cache.is_file():
         sys.exit(f"{cache}: no call cache; fix: run `spogw run --profile answers` first and pass its "
                  "<assets>/call_cache.sqlite")
-    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
-    rows = con.execute("select request from calls where request is not null order by created_at").fetchall()
-    con.close()
-    reqs = []
-    for (req,) in rows:
-        r = json.loads(req)
-        p = r["params"]
-        reqs.append((r["messages"], SamplingParams(temperature=p["temperature"], top_p=p["top_p"],
-                                                   max_tokens=p["max_tokens"], seed=p["seed"])))
+    reqs = [(c.messages, replace(c.params, stop=())) for c in stored_calls(cache)]
     if not reqs:
         sys.exit(f"{cache}: holds no requests")
     step = max(1, len(reqs) // limit)
@@ -143,15 +134,12 @@ def copied_chars(reply: str, prompt: str) -> int:
 
 
 def offline(cache: Path) -> None:
-    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
-    rows = con.execute("select request, text, completion_tokens from calls where request is not null").fetchall()
-    con.close()
+    calls = stored_calls(cache)
     problems = load_benchmark("humaneval")
     n = changed = cut_calls = 0
     tokens = after = copied = chars = 0.0
     examples = []
-    for req, text, ct in rows:
-        msgs = json.loads(req)["messages"]
+    for msgs, _params, text, ct in calls:
         if not asks_for_code(msgs):
             continue
         n += 1

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import sqlite3
 import statistics
 import sys
 import time
@@ -39,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from spogw_dagster.contracts import SamplingParams  # noqa: E402
+from spogw_dagster.executors.cache import stored_calls  # noqa: E402
 from spogw_dagster.executors.embedded import EmbeddedExecutor, LlamaServer  # noqa: E402
 from spogw_dagster.paths import smollm2_gguf  # noqa: E402
 
@@ -47,16 +46,7 @@ def load_requests(cache: Path, limit: int) -> list[tuple[list[dict], SamplingPar
     if not cache.is_file():
         sys.exit(f"{cache}: no call cache; fix: run `spogw run --profile tiny` (or --profile ci) first, or pass "
                  "--cache <assets>/call_cache.sqlite of a run you have")
-    con = sqlite3.connect(f"file:{cache}?mode=ro", uri=True)
-    rows = con.execute("select request from calls where request is not null order by created_at").fetchall()
-    con.close()
-    out = []
-    for (req,) in rows:
-        r = json.loads(req)
-        p = r["params"]
-        out.append((r["messages"], SamplingParams(temperature=p["temperature"], top_p=p["top_p"],
-                                                  max_tokens=p["max_tokens"], seed=p["seed"],
-                                                  stop=tuple(p["stop"]))))
+    out = [(c.messages, c.params) for c in stored_calls(cache)]
     if not out:
         sys.exit(f"{cache}: holds no requests")
     return out[:limit]

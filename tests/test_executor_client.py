@@ -446,3 +446,22 @@ def test_time_split_sums_the_endpoint_clients_under_every_wrapper():
     both = SimpleNamespace(inner=embedded, endpoints=fleet.endpoints)
     assert time_split_of(both)["calls"] == 6 and time_split_of(both)["decode_s"] == 3.75
     assert time_split_of(SimpleNamespace())["calls"] == 0
+
+
+def test_stored_calls_read_back_every_request_in_order(tmp_path):
+    """What the bench scripts replay: each stored call's messages, sampling params (stop included) and text."""
+    from spogw_dagster.contracts import ChatResult, SamplingParams
+    from spogw_dagster.executors.cache import CallCache, canonical_request, stored_calls
+
+    path = tmp_path / "calls.sqlite"
+    p1 = SamplingParams(temperature=0.7, top_p=0.95, max_tokens=64, seed=3, stop=("\n```\n",))
+    p2 = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8, seed=None)
+    with CallCache(path) as cache:
+        for i, (msgs, p) in enumerate(((["a"], p1), (["b"], p2))):
+            m = [{"role": "user", "content": msgs[0]}]
+            cache.put(f"k{i}", ChatResult(text=f"t{i}", prompt_tokens=5, completion_tokens=7 + i, latency_s=0.1,
+                                          model="m"), request=canonical_request("m", m, p))
+        cache.put("k2", ChatResult(text="no request", prompt_tokens=1, completion_tokens=1, latency_s=0.0, model="m"))
+    calls = stored_calls(path)
+    assert [(c.messages[0]["content"], c.text, c.completion_tokens) for c in calls] == [("a", "t0", 7), ("b", "t1", 8)]
+    assert calls[0].params == p1 and calls[1].params.max_tokens == 8 and calls[1].params.stop == ()

@@ -40,7 +40,8 @@ from typing import Any, NamedTuple
 from spogw_dagster.contracts import ChatResult, SamplingParams, clean_json
 from spogw_dagster.executors.base import Executor
 
-__all__ = ["CallCache", "CachedCall", "CachingExecutor", "cache_key", "canonical_request", "is_cacheable"]
+__all__ = ["CallCache", "CachedCall", "CachingExecutor", "StoredCall", "cache_key", "canonical_request",
+           "is_cacheable", "stored_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,34 @@ CREATE TABLE IF NOT EXISTS calls (
     request TEXT
 )
 """
+
+
+class StoredCall(NamedTuple):
+    """A cached call with the request that made it (what the bench scripts replay)."""
+
+    messages: list[dict]
+    params: SamplingParams
+    text: str
+    completion_tokens: int
+
+
+def stored_calls(path: str | Path) -> list[StoredCall]:
+    """Every call a cache file holds with its request, in the order they were made, read-only (a running
+    pipeline may keep writing). Calls stored without their request are skipped."""
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = con.execute("select request, text, completion_tokens from calls where request is not null "
+                           "order by created_at").fetchall()
+    finally:
+        con.close()
+    out = []
+    for req, text, ct in rows:
+        r = json.loads(req)
+        p = r["params"]
+        out.append(StoredCall(r["messages"], SamplingParams(temperature=p["temperature"], top_p=p["top_p"],
+                                                            max_tokens=p["max_tokens"], seed=p["seed"],
+                                                            stop=tuple(p.get("stop") or ())), text, int(ct)))
+    return out
 
 
 class CallCache:
