@@ -61,10 +61,44 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(rows: list[dict]) -> bytes:
+    """Per seed and iteration: the checkpoint's answer score beside the base, IO and the best static workflow on
+    the same queries (the Δ intervals are in the table), as a PNG."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: (r["seed"], r["iteration"]))
+    labels = [f"seed {r['seed']}\nit {r['iteration']}" for r in rows]
+    series = {"base": [r["delta_vs_base"]["other"] if r["delta_vs_base"] else None for r in rows],
+              "checkpoint": [r["answer"] for r in rows],
+              "IO": [r["delta_vs_io"]["other"] if r["delta_vs_io"] else None for r in rows],
+              "best static": [r["delta_vs_best_static"]["other"] if r["delta_vs_best_static"] else None for r in rows]}
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(rows)), 3))
+    width = 0.2
+    for i, (name, ys) in enumerate(series.items()):
+        xs = [j + (i - 1.5) * width for j, y in enumerate(ys) if y is not None]
+        ax.bar(xs, [y for y in ys if y is not None], width, label=name)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("held-out answer score")
+    ax.legend(fontsize=7, ncol=4, loc="upper left")
+    ax.set_title(f"greedy workflows on {rows[0]['n_queries']} held-out queries, per training seed", fontsize=9)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("root", type=Path, help="the --assets-dir of `spogw run --seeds`")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here (e.g. docs/results/headline.json)")
+    ap.add_argument("--plot", type=Path, default=None, help="draw the per-seed scores here (a PNG)")
     args = ap.parse_args(argv)
     rows = collect(args.root.expanduser())
     if not rows:
@@ -76,6 +110,12 @@ def main(argv: list[str]) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(json.dumps(rows, indent=1) + "\n", args.json)
         print(f"\nwrote {len(rows)} rows to {args.json}")
+    if args.plot:
+        from spogw_dagster.fsutil import write_bytes_atomic
+
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(plot(rows), args.plot)
+        print(f"drew {args.plot}")
     return 0
 
 

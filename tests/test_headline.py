@@ -200,7 +200,9 @@ def test_the_headline_table_bench_prints_and_writes_every_seed(tmp_path):
     _store(tmp_path / "seed-0", [1, 1, 1, 1])
     _store(tmp_path / "seed-1", [0, 0, 0, 0])
     out = tmp_path / "results" / "headline.json"
-    assert bench.main([str(tmp_path), "--json", str(out)]) == 0
+    png = tmp_path / "results" / "headline.png"
+    assert bench.main([str(tmp_path), "--json", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = json.loads(out.read_text())
     assert [(r["seed"], r["iteration"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # seed 1's last checkpoint answers none: -0.25 vs base; the mean over the two seeds at iteration 1 is +0.25
