@@ -166,7 +166,7 @@ def convert_gguf_cached(gguf: str | os.PathLike[str]) -> Path:
 @contextlib.contextmanager
 def _quiet_progress():
     """No per-tensor progress bars in our logs (they are restored afterwards)."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: this module loads at every `spogw` start-up
 
     was = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
@@ -183,8 +183,8 @@ def _convert(gguf: Path, out: Path) -> None:
 
 
 def _convert_inner(gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # heavy: this module loads at every `spogw` start-up
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: this module loads at every `spogw` start-up
 
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
@@ -210,7 +210,7 @@ def _offline_env() -> None:
 
 
 def load_tokenizer(spec: str | os.PathLike[str] = DEFAULT_MODEL):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: this module loads at every `spogw` start-up
 
     _offline_env()
     folder = resolve_model(spec)
@@ -225,7 +225,7 @@ def resolve_dtype(dtype: str, device: str | None = None) -> str:
     `device` (None: cuda when available, else cpu, as the sampler and trainer choose their device)."""
     if dtype != "auto":
         return dtype
-    import torch
+    import torch  # heavy: this module loads at every `spogw` start-up
 
     kind = str(device).split(":")[0] if device not in (None, "auto") else (
         "cuda" if torch.cuda.is_available() else "cpu")
@@ -247,8 +247,8 @@ def load_model_and_tokenizer(
     The tokenizer always has a pad token (the EOS token when the model defines none). `dtype` "auto" is chosen
     for `device` (`resolve_dtype`); the model stays on the CPU until the caller moves it.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
+    import torch  # heavy: this module loads at every `spogw` start-up
+    from transformers import AutoModelForCausalLM  # heavy: this module loads at every `spogw` start-up
 
     _offline_env()
     folder = resolve_model(spec)
@@ -279,7 +279,7 @@ def check_adapter_folder(adapter_path: str | os.PathLike[str]) -> Path:
 
 def load_adapter(model, adapter_path, adapter_name: str = "default", trainable: bool = False):
     """Attach a PEFT adapter to `model` (a plain model or an existing PeftModel)."""
-    from peft import PeftModel
+    from peft import PeftModel  # heavy: this module loads at every `spogw` start-up
 
     p = check_adapter_folder(adapter_path)
     if isinstance(model, PeftModel):

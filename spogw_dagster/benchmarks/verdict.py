@@ -35,6 +35,7 @@ place in the test process too.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import sys
 import time
@@ -55,7 +56,7 @@ _DIAGNOSTIC_BYTES = 4096  # stderr kept for failure details
 
 def _sandbox_dir() -> Path:
     try:
-        import spogw_sandbox
+        import spogw_sandbox  # optional: not installed in a source checkout
 
         return Path(spogw_sandbox.__file__).parent
     except ImportError:  # a source checkout that is not installed
@@ -64,10 +65,8 @@ def _sandbox_dir() -> Path:
 
 def _load_codec():
     try:
-        from spogw_sandbox import plaindata
+        from spogw_sandbox import plaindata  # optional: not installed in a source checkout
     except ImportError:
-        import importlib.util
-
         spec = importlib.util.spec_from_file_location("spogw_plaindata", _sandbox_dir() / "plaindata.py")
         plaindata = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(plaindata)

@@ -66,6 +66,7 @@ import itertools
 import math
 import random
 import re
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -379,8 +380,6 @@ def normalize_code(code: str) -> str:
     if not code or not code.strip():
         return ""
     try:
-        import textwrap
-
         tree = ast.parse(textwrap.dedent(code))
     except (SyntaxError, ValueError):  # ValueError: source with NUL bytes
         text = _COMMENT.sub("", code).replace('"', "'")

@@ -27,6 +27,7 @@ fleet of AVX-512 machines); they are part of the tag, so a changed flag is a new
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
@@ -222,7 +223,7 @@ def _cmake() -> str:
     if found:
         return found
     try:  # the PyPI `cmake` package (a dependency) puts its binary beside the interpreter
-        import cmake  # type: ignore
+        import cmake  # type: ignore  # lazy: only a runtime build needs it
 
         return os.path.join(cmake.CMAKE_BIN_DIR, "cmake")
     except ImportError:
@@ -307,8 +308,6 @@ def host_cpu_flags() -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="spogw runtime", description="the embedded executor's llama.cpp server")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_install = sub.add_parser("install", help="build llama-server (portable CPU baseline) into the cache")

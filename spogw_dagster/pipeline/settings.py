@@ -27,6 +27,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -757,8 +758,6 @@ def load_config(
         p = Path(config_file).expanduser()
         if not p.is_file():
             raise ConfigValidationError(f"config file {p} does not exist")
-        import yaml
-
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

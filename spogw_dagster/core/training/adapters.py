@@ -17,7 +17,7 @@ from spogw_dagster.fsutil import file_sha256, replace_dir
 
 def lora_config(cfg: TrainConfig):
     """The peft LoraConfig of `cfg` (what every fresh adapter starts from: the trainer's and a carried one)."""
-    from peft import LoraConfig
+    from peft import LoraConfig  # heavy: this module loads at every `spogw` start-up
 
     return LoraConfig(
         r=cfg.lora_r,
@@ -32,8 +32,8 @@ def lora_config(cfg: TrainConfig):
 def trainable_adapter(model, prev: Path | None, cfg: TrainConfig, device):
     """π_θ: a copy of the previous adapter (init "continue") or a fresh seeded LoRA; only LoRA weights train.
     Returns (model, trainable parameters)."""
-    import torch
-    from peft import get_peft_model
+    import torch  # heavy: this module loads at every `spogw` start-up
+    from peft import get_peft_model  # heavy: this module loads at every `spogw` start-up
 
     if prev is not None:
         if cfg.init == "continue":

@@ -52,8 +52,8 @@ class Dist:
         """Sum each parameter's gradient over the ranks in place (a rank with no micro-batch adds zeros)."""
         if self.world == 1:
             return
-        import torch
-        import torch.distributed as dist
+        import torch  # heavy: only a run of several processes needs it
+        import torch.distributed as dist  # heavy: only a run of several processes needs it
 
         for p in params:
             if p.grad is None:
@@ -80,7 +80,7 @@ class Dist:
         """Every rank's `obj`, in rank order (picklable objects: a few rows of floats per call)."""
         if self.world == 1:
             return [obj]
-        import torch.distributed as dist
+        import torch.distributed as dist  # heavy: only a run of several processes needs it
 
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
@@ -88,7 +88,7 @@ class Dist:
 
     def barrier(self) -> None:
         if self.world > 1:
-            import torch.distributed as dist
+            import torch.distributed as dist  # heavy: only a run of several processes needs it
 
             dist.barrier()
 
@@ -101,7 +101,7 @@ def from_environment(cpu: bool) -> Dist:
     """The process group of a launched run (initialized once, by accelerate), or SINGLE without a launcher."""
     if not launched():
         return SINGLE
-    from accelerate import PartialState
+    from accelerate import PartialState  # heavy: only a launched run needs it
 
     state = PartialState(cpu=cpu)  # cpu=True: gloo; otherwise the accelerator's backend (NCCL on CUDA)
     return Dist(rank=state.process_index, world=state.num_processes, local_rank=state.local_process_index,
@@ -110,7 +110,7 @@ def from_environment(cpu: bool) -> Dist:
 
 def shutdown() -> None:
     """Leave the process group (a launched process's last step; NCCL warns about a group never destroyed)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: keeps torch out of this module's import
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
+
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.children import die_with_parent
 from spogw_dagster.core.training import TrainConfig, TrainExample, TrainResult, finished_run, train_lora
@@ -84,8 +86,6 @@ def launch_command(job: Path, processes: int) -> list[str]:
 
 def _check_devices(cfg: TrainConfig, processes: int) -> None:
     """One GPU per process: refuse, before launching anything, more processes than visible GPUs."""
-    import torch
-
     if cfg.device == "cpu" or not torch.cuda.is_available():
         return
     gpus = torch.cuda.device_count()

@@ -244,7 +244,7 @@ def _cache_argument_of(model_class: type) -> str:
 
 def _rows_cache(prompt_cache, row_prompt: torch.Tensor):
     """A cache whose row i holds the keys and values of prompt row_prompt[i] (differentiable index)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicCache, DynamicLayer  # heavy: keeps transformers out of the import
 
     layers = getattr(prompt_cache, "layers", None)
     if layers is None or any(type(layer) is not DynamicLayer for layer in layers):

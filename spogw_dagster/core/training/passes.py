@@ -104,7 +104,7 @@ def reference_passes(model, items: list[Item], prev: Path | None, cfg: TrainConf
                       dist: Dist = SINGLE):
     """π_old and π_ref under no_grad, with the policy that produced the data (the previous adapter loaded as a
     frozen adapter named "previous"). Fills each item's `old` / `ref`; returns the (possibly wrapped) model."""
-    from peft import PeftModel
+    from peft import PeftModel  # heavy: keeps peft out of this module's import
 
     if prev is not None:
         model = PeftModel.from_pretrained(model, str(prev), adapter_name="previous", is_trainable=False)

@@ -182,7 +182,7 @@ def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
 
 def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
     """Write a fresh catalog with one view per table over the given files, then rename it into place."""
-    import duckdb
+    import duckdb  # heavy: this module loads at every `spogw` start-up
 
     store.root.mkdir(parents=True, exist_ok=True)
     tmp = store.root / f".tmp-{uuid.uuid4().hex[:12]}-{store.catalog_path.name}.part"
@@ -213,7 +213,7 @@ def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
 
 def query(store: AssetStore, sql: str, params: list | None = None):
     """Run a read-only query against the catalog; returns a list of tuples (for tests and the CLI)."""
-    import duckdb
+    import duckdb  # heavy: this module loads at every `spogw` start-up
 
     con = duckdb.connect(str(store.catalog_path), read_only=True)
     try:

@@ -163,9 +163,8 @@ def folder_partition(name: str) -> str | None:
 def _identity_adapter(out: Path, tcfg, base_model: str, stats: dict[str, Any]) -> None:
     """A fresh LoRA exactly as the trainer starts one (seeded; B = 0, so it is the base model), saved as the
     trainer saves (atomically, with its stats and the weights' hash)."""
-    import torch
-    from peft import get_peft_model
-
+    import torch  # heavy: this module loads at every `spogw` start-up
+    from peft import get_peft_model  # heavy: this module loads at every `spogw` start-up
 
     model, _ = load_model_and_tokenizer(base_model, dtype=tcfg.dtype)
     torch.manual_seed(tcfg.seed)

@@ -6,6 +6,7 @@ iterations union cleanly in the DuckDB views.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -180,8 +181,6 @@ def prompt_groups(sampled: pl.DataFrame) -> pl.Series:
     """`core.curation`'s prompt_group of each sampled row: null for the prompt of its query's lowest sample_idx
     (single-shot sampling: every row), else "p" + the first 10 hex digits of the prompt's sha256 (the prompts
     of W4S refinement turns), so no group or pair mixes completions of two prompts."""
-    import hashlib
-
     first = {}
     for r in sampled.sort(["iteration", "query_id", "sample_idx"]).iter_rows(named=True):
         first.setdefault((r["iteration"], r["query_id"]), r["prompt"])

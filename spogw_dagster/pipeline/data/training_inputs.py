@@ -4,6 +4,7 @@ each used (the training_rows table, whose schema is in tables.py)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import polars as pl
@@ -155,9 +156,6 @@ def rwr_training_data(sampled: pl.DataFrame, scores: pl.DataFrame, ocfg, iterati
     order, with reward r and weight exp(r / `rwr_temperature`) (the loss computes the same weight from r). The
     reward's history still counts every scored candidate. r is `w4s_rewards` (W4S's history-relative reward,
     `ocfg.rwr_reward = "w4s"`) or the row's ladder score ("score")."""
-    import math
-
-
     cands = w4s_kept_candidates(training_candidates(sampled, scores))
     if getattr(ocfg, "rwr_reward", "w4s") == "w4s":
         reward = w4s_rewards(sampled, scores)

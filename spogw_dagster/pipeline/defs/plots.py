@@ -10,17 +10,17 @@ from typing import Mapping, Sequence
 def _png_markdown(fig, title: str) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib loads only when a plot is drawn
 
     plt.close(fig)
     return f"![{title}](data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()})"
 
 
 def _figure(w: float = 4.5, h: float = 2.8):
-    import matplotlib
+    import matplotlib  # heavy: matplotlib loads only when a plot is drawn
 
     matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib loads only when a plot is drawn
 
     return plt.subplots(figsize=(w, h))
 

@@ -15,6 +15,10 @@ import socket
 import time
 from pathlib import Path
 
+import dagster as dg
+from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.executor.base import Executor
+
 from spogw_dagster.fsutil import pid_alive, process_start
 from spogw_dagster.pipeline.data.locks import IterationLock
 
@@ -26,8 +30,6 @@ def locking_in_process_executor(root: Path, poll_s: float = 0.5):
     run: a second run on the same assets directory waits (an engine event says for whom) and starts when the
     first is over. `execute_in_process` (what `spogw run` uses, under its own lock) replaces the job's executor,
     so it never waits for itself."""
-    import dagster as dg
-
     return locking_executor(dg.in_process_executor, root, poll_s=poll_s, description=(
         "Execute all steps in a single process, holding the assets directory's lock (one run at a time on an "
         "assets directory, waiting ones in iteration order)."))
@@ -37,10 +39,6 @@ def locking_executor(base, root: Path, *, label: str = "", description: str = ""
     """Executor definition `base` (same name and config) whose runs hold the assets directory's lock from the
     first step to the last, waiting for it in iteration order (`IterationLock`); `label` goes into the holder's
     description ("steps in containers")."""
-    import dagster as dg
-    from dagster._core.events import DagsterEvent, EngineEventData
-    from dagster._core.executor.base import Executor
-
     class LockingExecutor(Executor):
         def __init__(self, inner):
             self._inner = inner
@@ -97,8 +95,6 @@ def close_orphaned_runs(instance) -> list[tuple[str, str]]:
     the sensor), which record that process in their tags (`worker_tags`). Each is marked failed with the
     reason, so the event log explains it, the sensor stops waiting for it and the UI can re-execute it from
     failure. A run whose process is alive, or ran on another host, is left alone. Returns (run id, pid)."""
-    import dagster as dg
-
     closed: list[tuple[str, str]] = []
     try:
         runs = instance.get_runs(filters=dg.RunsFilter(

@@ -132,7 +132,7 @@ def step_executor(root: Path):
     if mode() != "docker":
         return None
     try:
-        from dagster_docker import docker_executor
+        from dagster_docker import docker_executor  # optional extra (docker)
     except ImportError as e:
         raise ConfigValidationError(f"{ENV_SWITCH}=docker needs dagster-docker ({e}). Fix: "
                                     "pip install -e '.[docker]'") from None

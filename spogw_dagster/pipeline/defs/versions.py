@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,8 +40,6 @@ def sandbox_dir() -> Path:
     wheel install, else `sandbox/` beside the package (a source checkout). A non-editable install has no
     `sandbox/` beside site-packages' spogw_dagster, so globbing there found nothing and the code versions
     missed the sandbox runner."""
-    import importlib.util
-
     spec = importlib.util.find_spec("spogw_sandbox")
     locs = list(spec.submodule_search_locations or []) if spec is not None else []
     return Path(locs[0]).resolve() if locs else _ROOT / "sandbox"

@@ -18,8 +18,12 @@ its handler: the settings, numpy and the domain modules would add ~0.8 s, dagste
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
+
+import polars as pl
 
 from spogw_dagster.adapter_files import ADAPTER_WEIGHTS
 from spogw_dagster.benchmarks.queries import split_problems
@@ -191,9 +195,6 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
 
 def check_command(args: argparse.Namespace) -> int:
     """`spogw check`: every finding of the preflight, ok or not; 2 when any failed."""
-    import json
-    from dataclasses import asdict
-
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.runs.preflight import preflight
 
@@ -225,8 +226,6 @@ def parse_seeds(text: str) -> list[int]:
 def compare_command(args: argparse.Namespace) -> int:
     """`spogw compare A B`: paired differences between two systems' stored held-out rows; with --iteration,
     the objective comparison of that iteration."""
-    import json as _json
-
     if args.iteration is not None:
         return _objective_comparison(args)
     if not (args.a and args.b):
@@ -234,8 +233,6 @@ def compare_command(args: argparse.Namespace) -> int:
         from spogw_dagster.pipeline.settings import ConfigValidationError
 
         raise ConfigValidationError("spogw compare needs two systems (A B) or --iteration K")
-
-    import polars as pl
 
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data import report_stats
@@ -255,7 +252,7 @@ def compare_command(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigValidationError(str(e)) from None
     if args.json:
-        print(_json.dumps(rows, indent=1))
+        print(json.dumps(rows, indent=1))
         return 0
     print(f"{args.a} vs {args.b} (paired on the same queries and seeds; 95% paired bootstrap over queries)")
     print(f"  {'mode':<8}{'metric':<15}{args.a:>14}{args.b:>14}{'A - B [95% CI]':>30}{'pairs':>7}")
@@ -266,8 +263,6 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def _objective_comparison(args: argparse.Namespace) -> int:
-    import json as _json
-
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data.report_stats import comparison_cells
     from spogw_dagster.pipeline.runs.loop import run_comparison
@@ -279,7 +274,7 @@ def _objective_comparison(args: argparse.Namespace) -> int:
         raise ConfigValidationError(f"objective_comparison[{args.iteration:04d}] has no rows: no method was scored on "
                                     f"held-out queries; its materialization's metadata and log say why")
     if args.json:
-        print(_json.dumps(table.to_dicts(), indent=1, default=str))
+        print(json.dumps(table.to_dicts(), indent=1, default=str))
         return 0
     ref = table["reference"][0]
     note, cells = comparison_cells(table, ["answer_score", "valid_rate", "executes_rate", "mean_reward"])
@@ -293,8 +288,6 @@ def _objective_comparison(args: argparse.Namespace) -> int:
 
 
 def _policy(path: str | None, kind: str):
-    from pathlib import Path
-
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.domain.heldout import Policy
     from spogw_dagster.pipeline.settings import ConfigValidationError
@@ -310,9 +303,6 @@ def _policy(path: str | None, kind: str):
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """`spogw evaluate`: the report's scoring for one policy (and optionally a second one to pair with)."""
-    import json as _json
-    from pathlib import Path
-
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.data import report_stats
     from spogw_dagster.pipeline.defs.resources import PipelineResource
@@ -358,7 +348,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
     if args.out:
         write_parquet_atomic(scored.heldout, Path(args.out).expanduser())
     if args.json:
-        print(_json.dumps({"split": info, "report": rep.to_dicts()}, default=str))
+        print(json.dumps({"split": info, "report": rep.to_dicts()}, default=str))
     else:
         print(report_stats.report_table_text(rep))
     return 0
@@ -388,9 +378,6 @@ def add_plan_parser(sub) -> None:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    import json
-    from dataclasses import asdict
-
     # lazy: start-up time (module doc)
     from spogw_dagster.pipeline.runs.preflight import PLAN_CHECKS, PreflightError, preflight
     from spogw_dagster.pipeline.settings import ConfigValidationError

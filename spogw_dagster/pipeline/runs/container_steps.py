@@ -22,9 +22,13 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
+
+import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
 from spogw_dagster.pipeline.defs.step_executor import ENV_IMAGE, ENV_SWITCH, IMAGE, REPO, STEP_LABEL
@@ -84,8 +88,6 @@ def _lazy_defs():
 
 
 def _recon_job(job_name: str):
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
-
     repo = ReconstructableRepository.for_module(MODULE, "defs", working_directory=str(REPO))
     return repo.get_reconstructable_job(job_name)
 
@@ -130,8 +132,6 @@ class _Reaper:
     stays for the executor's health check, and goes with the rest after the iteration."""
 
     def __init__(self, pid: int, grace: float = 10.0, every: float = 2.0):
-        import threading
-
         self.pid, self.grace, self.every = pid, grace, every
         self._reaped: list[dict[str, Any]] = []
         self._seen: dict[str, float] = {}
@@ -215,8 +215,6 @@ class ContainerSteps:
                 yield self
 
     def execute(self, defs, instance, key: str, selection, tags: dict[str, str], run_config: dict):
-        import dagster as dg
-
         return dg.execute_job(self._recon, instance, asset_selection=selection, run_config=run_config,
                               tags={"dagster/partition": key, **tags, "spogw/pid": str(os.getpid())})
 

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from spogw_dagster import bundled_models as bm
 from spogw_dagster.core.methods.catalog import METHODS
 from spogw_dagster.models import DEFAULT_MODEL
@@ -82,7 +84,7 @@ def speeds_for_config(cfg: Any, gpu: bool | None = None, placeholders: frozenset
     g, e = cfg.generator, cfg.executor
     if gpu is None and g.backend == "auto":
         try:
-            import torch
+            import torch  # heavy: this module loads at every `spogw` start-up
 
             gpu = bool(torch.cuda.is_available())
         except ImportError:  # pragma: no cover - torch is a dependency
@@ -325,8 +327,6 @@ def format_w4s_plan(w: W4SPlan) -> str:
 def measure_assets(root: str | Path) -> Measured | None:
     """Averages over every stored partition of `execution_scores` (executor calls per workflow, tokens per
     call) and `sampled_workflows` (generated tokens per sample); None when neither exists."""
-    import polars as pl
-
     root = Path(root)
     ex_files = sorted((root / "execution_scores").glob("*.parquet"))
     sw_files = sorted((root / "sampled_workflows").glob("*.parquet"))

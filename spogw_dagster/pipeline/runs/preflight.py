@@ -267,7 +267,7 @@ def _executor(cfg, *, placeholders, timeout_s: float, **_) -> list[Finding]:
 
 def _endpoint(url: str, model: str | None, api_key_env: str | None, timeout_s: float) -> Finding:
     """GET <url>/models: reachable, the key accepted, and (when it lists its models) serving `model`."""
-    import httpx
+    import httpx  # lazy: httpx loads only when an endpoint is checked
 
     base = url.rstrip("/")
     key = os.environ.get(api_key_env) if api_key_env else None

@@ -10,10 +10,13 @@ What each method trained on is recorded beside it: the hash of the iteration's c
 every method: the same data), the seed, the parent adapter's hash, and the hash of its own examples (its data
 path: sharpened groups, ScoreFlow pairs or W4S candidates)."""
 
+import asyncio
 import hashlib
 import json
 import math
+import shutil
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -198,9 +201,6 @@ def _own_data(context, pipeline: PipelineResource, mcfg: SpogwConfig, parent, k:
     """Iteration k's training data sampled and scored with method `name`'s own settings (ScoreFlow: generator
     T = 0.2 and top-p 0.95, each workflow the mean of 3 executor runs at T = 0; W4S: its turns): the same parent
     adapter, training queries and seeds as the loop's sampled_workflows and execution_scores."""
-    import asyncio
-
-
     mpipe = PipelineResource(assets_dir=pipeline.assets_dir, config_json=json.dumps(mcfg.canonical(), default=str))
     g = mcfg.generator
     problems = mpipe.train_queries()
@@ -260,9 +260,6 @@ def stored_own_data(folder: Path, fingerprint: str) -> tuple[pl.DataFrame, pl.Da
 
 def store_own_data(folder: Path, fingerprint: str, sampled: pl.DataFrame, scores: pl.DataFrame) -> None:
     """Written whole or not at all: built in a temp folder, then swapped in."""
-    import uuid
-
-
     tmp = folder.parent / f".tmp-{folder.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -271,8 +268,6 @@ def store_own_data(folder: Path, fingerprint: str, sampled: pl.DataFrame, scores
         (tmp / "fingerprint.json").write_text(fingerprint)
         replace_dir(tmp, folder)
     except BaseException:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
