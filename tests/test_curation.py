@@ -626,6 +626,15 @@ def test_anchor_contrast_groups_the_prompts_workflows_on_their_own_and_zero_sum(
     # kept whole (t = 2 does not apply): the one above the mean is the top half, the rest the bottom, worst first
     assert anchors.select("sample_idx", "role").rows() == [(6, "top"), (4, "bottom"), (5, "bottom")]
     assert sum(anchors["advantage"].to_list()) == pytest.approx(0.0, abs=1e-12)
+    # anchor_weight 3 multiplies the anchors' advantages only: -0.75, -0.75, +1.5 (over the same std)
+    heavy = C.curate(df, CurationConfig(**cfg, anchor_groups="contrast", anchor_weight=3.0))
+    adv3 = dict(zip(heavy.members["sample_idx"].to_list(), heavy.members["advantage"].to_list()))
+    assert adv3 == pytest.approx({**adv, 4: -0.75 / (a_std + 1e-4), 5: -0.75 / (a_std + 1e-4),
+                                  6: 1.5 / (a_std + 1e-4)}, abs=1e-12)
+    with pytest.raises(ConfigError, match="anchor_weight=3.0 weighs the anchors' own groups"):
+        CurationConfig(**cfg, anchor_weight=3.0)
+    with pytest.raises(ConfigError, match="must be > 0"):
+        CurationConfig(**cfg, anchor_groups="contrast", anchor_weight=0.0)
     # "mixed" (the default) ignores the flag: the ensemble leaves as sample 0's near-duplicate, no anchor group
     mixed = C.curate(df, CurationConfig(**cfg))
     assert mixed.dropped_rows.select("sample_idx", "reason").rows() == [(6, "near_duplicate_of:0")]

@@ -234,7 +234,8 @@ def test_anchor_settings_are_hashed_only_when_set_and_only_where_they_act():
     """At their defaults the anchor settings leave every hash as it was; set, each changes its own stage and what
     follows, never the samples."""
     a = load_config("answers")
-    same = load_config("answers", overrides={"curation": {"anchor_groups": "mixed"}, "execution": {"anchor_runs": None}})
+    same = load_config("answers", overrides={"curation": {"anchor_groups": "mixed", "anchor_weight": 1.0},
+                                             "execution": {"anchor_runs": None}})
     assert config_hash(same) == config_hash(a)
     runs3 = load_config("answers", overrides={"execution": {"anchor_runs": 3}})
     assert section_hash(runs3, "execution_scores") != section_hash(a, "execution_scores")

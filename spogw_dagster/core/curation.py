@@ -21,7 +21,7 @@ asset can store its own stage:
 
 With `anchor_groups: contrast`, rows marked `anchor` skip steps 3–4 and 6: each query's anchors form one group of
 their own (`form_anchor_groups`), screened as any group and kept whole, so their advantages are zero-sum among
-the prompt's own workflows; the samples are filtered and grouped among themselves.
+the prompt's own workflows (times `anchor_weight`); the samples are filtered and grouped among themselves.
 
 `screen` runs steps 1–5 (the `screened_groups` asset) and `sharpen` steps 6–7 (`sharpened_groups`); both count
 their drop reasons (`count_reasons`). `curate` runs both and returns a `CurationResult`.
@@ -804,7 +804,12 @@ class Sharpening:
 def sharpen(groups: pl.DataFrame, cfg: CurationConfig) -> Sharpening:
     """Top-t and bottom-t of each kept group, then the group-normalised advantages."""
     members, dropped = sharpen_groups(groups, cfg.t, dedup=cfg.dedup_sharpened_groups)
-    return Sharpening(compute_advantages(members, cfg.adv_eps, cfg.std_ddof, cfg.adv_std_floor), dropped)
+    adv = compute_advantages(members, cfg.adv_eps, cfg.std_ddof, cfg.adv_std_floor)
+    if cfg.anchor_weight != 1.0 and adv.height:
+        adv = adv.with_columns(pl.when(pl.col("group_id").str.ends_with(ANCHOR_GROUP_SUFFIX))
+                               .then(pl.col("advantage") * cfg.anchor_weight).otherwise(pl.col("advantage"))
+                               .alias("advantage"))
+    return Sharpening(adv, dropped)
 
 
 @dataclass

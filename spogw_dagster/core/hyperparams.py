@@ -110,6 +110,10 @@ class CurationConfig(_FromDict):
               anchors; the samples form their n-groups without them. In "mixed", anchors that share an opening
               all get positive advantage in a group of weaker samples, so the token that decides between them gets
               the small difference of their sums; "contrast" gives it the anchors' own score difference.
+    anchor_weight
+              with "contrast", the anchor groups' advantages are multiplied by this (default 1). A query's
+              anchor group holds 3 rows against up to g_max x 2t sampled rows, and where the anchors answer
+              differently the samples' groups still outweigh them; > 1 lets the contrast decide the structure.
     seed      seed of group sampling (combined with iteration and query id, so groups do not depend on row order).
     """
 
@@ -125,13 +129,14 @@ class CurationConfig(_FromDict):
     dedup_sharpened_groups: bool = False
     valid_only: bool = False
     anchor_groups: str = "mixed"
+    anchor_weight: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
         c = type(self).__name__
         for name in ("m", "n", "t", "g_max", "std_ddof", "seed"):
             _require_int(c, name, getattr(self, name))
-        for name in ("tau_sim", "tau_std", "adv_eps", "adv_std_floor"):
+        for name in ("tau_sim", "tau_std", "adv_eps", "adv_std_floor", "anchor_weight"):
             _require_real(c, name, getattr(self, name))
         if not 0.0 <= self.adv_std_floor <= 1.0:
             raise ConfigError(f"{c}.adv_std_floor={self.adv_std_floor}: a floor on the std of scores in [0, 1] "
@@ -139,6 +144,11 @@ class CurationConfig(_FromDict):
         for name in ("dedup_sharpened_groups", "valid_only"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{c}.{name} must be True or False, got {getattr(self, name)!r}.")
+        if not self.anchor_weight > 0:
+            raise ConfigError(f"{c}.anchor_weight={self.anchor_weight}: a weight on the anchors' advantages must be > 0.")
+        if self.anchor_weight != 1.0 and self.anchor_groups != "contrast":
+            raise ConfigError(f"{c}.anchor_weight={self.anchor_weight} weighs the anchors' own groups, and anchor_groups "
+                              f"is {self.anchor_groups!r}; set anchor_groups to 'contrast', or remove anchor_weight.")
         if self.anchor_groups not in ANCHOR_GROUPINGS:
             raise ConfigError(f"{c}.anchor_groups={self.anchor_groups!r}: choose one of {', '.join(ANCHOR_GROUPINGS)}.")
         if self.t < 1:

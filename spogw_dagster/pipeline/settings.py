@@ -290,7 +290,8 @@ class CurationSection(_derived(CurationConfig)):  # type: ignore[misc]
 
     @model_serializer(mode="wrap")
     def _hash_stable(self, handler: Any) -> dict[str, Any]:
-        return _drop_defaults(handler(self), adv_std_floor=0.0, valid_only=False, anchor_groups="mixed")
+        return _drop_defaults(handler(self), adv_std_floor=0.0, valid_only=False, anchor_groups="mixed",
+                              anchor_weight=1.0)
 
     def core(self) -> CurationConfig:
         return CurationConfig(**self.model_dump())
