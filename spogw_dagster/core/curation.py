@@ -764,15 +764,15 @@ def screen(samples: pl.DataFrame, cfg: CurationConfig) -> Screening:
     if cfg.valid_only:
         usable, dropped_invalid = exclude_not_valid(usable)
         dropped_exec = pl.concat([dropped_exec, dropped_invalid])
+    # with contrast, the anchors bypass near-duplicate filtering and the n-groups: one group of their own a query
     anchors = usable.filter(pl.col(ANCHOR)) if cfg.anchor_groups == "contrast" else usable.clear()
-    samples = usable.filter(~pl.col(ANCHOR)) if cfg.anchor_groups == "contrast" else usable
-    samples, dropped_dup = filter_near_duplicates(samples, cfg.tau_sim)
-    groups, dropped_few = form_groups(samples, cfg.n, cfg.g_max, cfg.seed)
+    usable, dropped_dup = filter_near_duplicates(usable.filter(~pl.col(ANCHOR)) if anchors.height else usable,
+                                                 cfg.tau_sim)
+    groups, dropped_few = form_groups(usable, cfg.n, cfg.g_max, cfg.seed)
     if anchors.height:
         a_groups, a_few = form_anchor_groups(anchors)
         groups, dropped_few = pl.concat([groups, a_groups]), pl.concat([dropped_few, a_few])
-        samples = pl.concat([samples, anchors]).sort(["iteration", "query_id", "sample_idx"])
-    usable = samples
+        usable = pl.concat([usable, anchors]).sort(["iteration", "query_id", "sample_idx"])
     kept, dropped_std = screen_groups(groups, cfg.tau_std, cfg.std_ddof)
     return Screening(
         rows_in=df.height, queries_in=df.select(["iteration", "query_id"]).unique().height, usable=usable, groups_formed=groups.height, groups=kept,

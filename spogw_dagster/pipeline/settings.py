@@ -50,7 +50,7 @@ from spogw_dagster.core.training.config import drop_default_off_policy
 from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
-from spogw_dagster.static_methods import STRUCTURES
+from spogw_dagster.static_methods import STATIC_METHODS, STRUCTURES
 from spogw_dagster.workflow.template import shown_workflows
 
 __all__ = [
@@ -352,8 +352,7 @@ class ReportSection(_Section):
     sample j of the policies uses). `split` is test (held-out) or validation (choose settings there, never
     on test)."""
 
-    baselines: tuple[Literal["io", "cot", "cot_sc", "self_refine", "multipersona", "gen_test", "sc3", "sc3_test",
-                             "sc5"], ...] = ("io", "cot_sc")
+    baselines: tuple[Literal[STATIC_METHODS], ...] = ("io", "cot_sc")  # type: ignore[valid-type]
     split: Literal["test", "validation"] = "test"
     greedy: bool = True
     samples: int = Field(4, ge=0, le=256)

@@ -311,9 +311,9 @@ def pareto_table(heldout: pl.DataFrame, mode: str = "greedy") -> pl.DataFrame:
     if rows.height == 0:
         return pl.DataFrame(schema=PARETO_SCHEMA)
     per = (rows.group_by(["system", "kind"])
-           .agg(pl.col("answer_score").mean(), (pl.col("llm_calls").sum() / pl.col("query_id").n_unique())
-                .alias("calls_per_query"), pl.col("query_id").n_unique().alias("n_queries"))
-           .sort(["calls_per_query", "system"]))
+           .agg(pl.col("answer_score").mean(), pl.col("llm_calls").sum(), pl.col("query_id").n_unique().alias("n_queries"))
+           .with_columns((pl.col("llm_calls") / pl.col("n_queries")).alias("calls_per_query"))
+           .drop("llm_calls").sort(["calls_per_query", "system"]))
     pts = list(zip(per["answer_score"].to_list(), per["calls_per_query"].to_list()))
     front = [not any(a2 >= a and c2 <= c and (a2 > a or c2 < c) for a2, c2 in pts) for a, c in pts]
     return per.with_columns(pl.Series("on_frontier", front, dtype=pl.Boolean())).cast(PARETO_SCHEMA)  # type: ignore[arg-type]

@@ -197,8 +197,7 @@ def curation_input(sampled: pl.DataFrame, scores: pl.DataFrame) -> pl.DataFrame:
     Every sampled row must have a score row (an inner join would silently lose rows)."""
     key = ["iteration", "query_id", "sample_idx"]
     anchor = (pl.col("finish_reason") == ANCHOR_FINISH) if "finish_reason" in sampled.columns else pl.lit(False)
-    left = sampled.select(key + ["workflow"] + ["finish_reason"] * ("finish_reason" in sampled.columns)).with_columns(
-        prompt_groups(sampled), anchor.alias("anchor")).drop("finish_reason", strict=False)
+    left = sampled.select(*key, "workflow", prompt_groups(sampled), anchor.alias("anchor"))
     joined = left.join(scores.select(key + ["score", "status"]), on=key, how="left")
     missing = joined.filter(pl.col("status").is_null())
     if missing.height:

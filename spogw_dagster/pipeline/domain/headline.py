@@ -17,6 +17,7 @@ import polars as pl
 
 from spogw_dagster.contracts import Status
 from spogw_dagster.pipeline.data import report_stats
+from spogw_dagster.pipeline.data.iteration_keys import iteration_key
 from spogw_dagster.pipeline.data.storage import AssetStore
 
 METRIC = report_stats.HEADLINE_METRIC
@@ -141,7 +142,7 @@ def _greedy_diff(rows: list[dict[str, Any]]) -> dict[str, float] | None:
 def _carried_forward(store: AssetStore, iteration: int) -> bool | None:
     """Whether checkpoint `iteration` is its parent's policy carried forward (no training data, fewer than
     `training.min_queries` queries, or the validation gate kept the parent); None where the table is absent."""
-    key = f"{iteration:04d}"
+    key = iteration_key(iteration)
     if not store.exists("lora_checkpoint", key):
         return None
     row = store.read_parquet("lora_checkpoint", key).row(0, named=True)
@@ -164,8 +165,8 @@ def checkpoint_rows(store: AssetStore, seed: int, reference: str = "baseline:io"
     have = set(heldout["system"].to_list())
     out = []
     for system in systems:
-        mine = report_stats.system_rows(heldout, system)
-        greedy = mine.filter((pl.col("mode") == "greedy") & ok)
+        mine = report_stats.system_rows(heldout, system).filter(pl.col("mode") == "greedy")
+        greedy = mine.filter(ok)
         row: dict[str, Any] = {"seed": seed, "iteration": int(mine["checkpoint_iteration"].max()),
                                "system": system, "n_queries": greedy["query_id"].n_unique(),
                                "answer": round(float(greedy[METRIC].mean()), 4) if greedy.height else None,
@@ -174,9 +175,8 @@ def checkpoint_rows(store: AssetStore, seed: int, reference: str = "baseline:io"
                                         ("best_static", best, False)):
             cmp = []
             if other in have:
-                cmp = report_stats.paired_comparison(mine.filter(pl.col("mode") == "greedy"),
-                                                     report_stats.system_rows(heldout, other), resamples=resamples,
-                                                     seed=0, generator_seeds=gen_seeds)
+                cmp = report_stats.paired_comparison(mine, report_stats.system_rows(heldout, other),
+                                                     resamples=resamples, seed=0, generator_seeds=gen_seeds)
             row[f"delta_vs_{label}"] = _greedy_diff(cmp)
         row["best_static"] = best
         row["carried_forward"] = _carried_forward(store, row["iteration"])
