@@ -3,13 +3,16 @@ executor call, so a learning rate or an epoch count is compared on identical gro
 
 It reads the iteration's stored sharpened_groups, sampled_workflows and execution_scores, builds the training
 examples the loop builds (`training_inputs.training_data`, `training.min_queries` applied) and trains them from
-the run's parent adapter with the changed `training:` fields. `--check` trains nothing: it says whether the run's
+the run's parent adapter with the changed `training:` fields. `--curation FIELD=VALUE` sharpens the stored
+screened_groups again with changed `curation:` fields first (e.g. anchor_weight=3), as the sharpened_groups asset
+does: the groups stay the same, their members' advantages change. `--check` trains nothing: it says whether the run's
 own checkpoint is exactly what these examples and the unchanged settings train (the trainer's run hash), which
 proves the data path before a retrained adapter is compared with it. Score the adapter with
 `bench/structure_margin.py --adapter NAME=OUT` (no executor) or `spogw evaluate --adapter OUT`.
 
     python bench/retrain.py --config run.yaml --assets-dir ~/runs/i37b --seed 1 --check
     python bench/retrain.py --config run.yaml --assets-dir ~/runs/i37b --seed 1 --set epochs=3 --out ~/runs/s1-e3
+    python bench/retrain.py --config run.yaml --assets-dir ~/runs/r57 --seed 0 --curation anchor_weight=3 --out ~/runs/w3
 
 `--assets-dir` is a `spogw run --seeds` root (its `seed-<s>` folders share one call cache) or, without `--seed`,
 one run's own assets directory.
@@ -35,18 +38,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--iteration", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a training field to change, e.g. epochs=3 or learning_rate=2e-3 (YAML value; repeatable)")
+    ap.add_argument("--curation", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a curation field to change before training, e.g. anchor_weight=3 (re-sharpens; repeatable)")
     ap.add_argument("--out", type=Path, default=None, help="where the new adapter goes")
     ap.add_argument("--check", action="store_true", help="train nothing: does the run's checkpoint match?")
     return ap.parse_args(argv)
 
 
-def training_overrides(pairs: list[str]) -> dict:
-    """`--set` pairs as the `training:` overrides: numbers as numbers (YAML reads 2e-3 as text), else YAML."""
+def field_overrides(pairs: list[str], flag: str = "--set") -> dict:
+    """FIELD=VALUE pairs as a section's overrides: numbers as numbers (YAML reads 2e-3 as text), else YAML."""
     out = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise SystemExit(f"--set {pair!r}: give FIELD=VALUE, e.g. epochs=3")
+            raise SystemExit(f"{flag} {pair!r}: give FIELD=VALUE, e.g. epochs=3")
         for number in (int, float):
             try:
                 out[name] = number(value)
@@ -62,9 +67,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.check and args.out is None:
         raise SystemExit("give --out (where the adapter goes) or --check")
+    from spogw_dagster.core import curation
     from spogw_dagster.core.training import finished_run
     from spogw_dagster.core.training.launch import fit_adapter
-    from spogw_dagster.pipeline.data import training_inputs
+    from spogw_dagster.pipeline.data import tables, training_inputs
     from spogw_dagster.pipeline.data.checkpoints import trained_dir
     from spogw_dagster.pipeline.data.iteration_keys import iteration_key, previous_key
     from spogw_dagster.pipeline.data.storage import AssetStore
@@ -72,13 +78,17 @@ def main(argv=None) -> int:
     from spogw_dagster.pipeline.settings import deep_merge, load_config
 
     over = seed_overrides(args.seed, args.assets_dir / "call_cache.sqlite") if args.seed is not None else {}
-    over = deep_merge(over, {"training": training_overrides(args.set)})
+    over = deep_merge(over, {"training": field_overrides(args.set),
+                             "curation": field_overrides(args.curation, "--curation")})
     is_file = Path(args.config).is_file()
     cfg = load_config(None if is_file else args.config, args.config if is_file else None, over)
     store = AssetStore(args.assets_dir / f"seed-{args.seed}" if args.seed is not None else args.assets_dir)
     key, k = iteration_key(args.iteration), args.iteration
     sharpened, sampled, scores = (store.read_parquet(n, key) for n in
                                   ("sharpened_groups", "sampled_workflows", "execution_scores"))
+    if args.curation:  # the same groups, sharpened and weighed as the changed curation fields say
+        sharpened = curation.sharpen(tables.kept_groups(store.read_parquet("screened_groups", key)),
+                                     cfg.curation_config()).members
     tcfg = cfg.train_config()
     examples, rows, narrow = training_inputs.iteration_training_data(tcfg, cfg.training.min_queries, sharpened,
                                                                      sampled, scores, k)

@@ -39,13 +39,15 @@ def test_retrain_reads_its_settings_as_the_config_would():
     spec = importlib.util.spec_from_file_location("bench_retrain", BENCH / "retrain.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    got = mod.training_overrides(["epochs=3", "learning_rate=2e-3", "objective=grpo", "eval_after=true"])
+    got = mod.field_overrides(["epochs=3", "learning_rate=2e-3", "objective=grpo", "eval_after=true"])
     assert got == {"epochs": 3, "learning_rate": 0.002, "objective": "grpo", "eval_after": True}
     assert type(got["epochs"]) is int and type(got["learning_rate"]) is float
     import pytest
 
     with pytest.raises(SystemExit, match="FIELD=VALUE"):
-        mod.training_overrides(["epochs"])
+        mod.field_overrides(["epochs"])
+    with pytest.raises(SystemExit, match="--curation 'anchor_weight'"):
+        mod.field_overrides(["anchor_weight"], "--curation")
 
 
 def _write_seed(root: Path, answers: dict[str, list[float]], base: list[float], queries=("q0", "q1", "q2", "q3")):
