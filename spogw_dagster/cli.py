@@ -24,7 +24,7 @@ from .executors.llama_runtime import main as runtime_main
 from .sandboxing import SandboxUnavailableError, detect_isolation, isolation_choices
 from .sandboxing.engine import DockerUnavailableError
 from .sandboxing.images import SANDBOX_IMAGE, build_image
-from .static_methods import STATIC_METHODS, STRUCTURES
+from .static_methods import CODE_STRUCTURES, STATIC_METHODS
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bl = sub.add_parser("baseline", help="score a static workflow (io, cot, cot_sc, self_refine, multipersona) on N test queries")
     _common(bl)
     bl.add_argument("--method", required=True, choices=list(STATIC_METHODS),
-                    help=f"an AFlow baseline, or a static structure of the operators ({', '.join(STRUCTURES)})")
+                    help=f"an AFlow baseline, or a static structure of the operators ({', '.join(CODE_STRUCTURES)})")
     bl.add_argument("--limit", type=int, default=20, help="number of queries of the split")
     bl.add_argument("--split", choices=["test", "validation", "train"], default="test",
                     help="score on the test split (default), the validation split (where choices are made) or "

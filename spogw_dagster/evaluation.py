@@ -16,7 +16,7 @@ from .benchmarks import score as score_answer
 from .contracts import Problem, Status, Usage
 from .sandboxing import Isolation, Limits
 from .seeds import derive_seed
-from .static_methods import BASELINE_METHODS, STATIC_METHODS, STRUCTURES  # noqa: F401 (BASELINE_METHODS: API)
+from .static_methods import ADAPTIVE_STRUCTURES, BASELINE_METHODS, CODE_STRUCTURES, STATIC_METHODS, STRUCTURES  # noqa: F401 (BASELINE_METHODS: API)
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
 from .workflow.provenance import WORKFLOW
@@ -68,7 +68,7 @@ def baseline_workflow(family: str, method: str) -> str:
                 f"        for i in range({SC_SAMPLES}):\n"
                 f"            solutions.append(await self.{op}(instruction={instr!r}))\n"
                 "        return await self.sc_ensemble(solutions=solutions)\n")
-    if method in STRUCTURES:
+    if method in CODE_STRUCTURES:
         return _structure(family, method)
     if method == "self_refine":
         return _self_refine(family, op)
@@ -82,8 +82,18 @@ def _structure(family: str, method: str) -> str:
     prefers those that pass the public tests) when k > 1, then through `test` when the structure says so."""
     if family != "code":
         raise ValueError(f"the static structure {method!r} is defined for code benchmarks only")
-    k, tested = STRUCTURES[method]
     gen = "await self.code_generate(instruction='')"
+    if method in ADAPTIVE_STRUCTURES:
+        return ("class Workflow:\n    async def run(self):\n"
+                f"        first = {gen}\n"
+                "        if await self.check(solution=first) == 'pass':\n"
+                "            return first\n"
+                "        solutions = [first]\n"
+                f"        for i in range({ADAPTIVE_STRUCTURES[method] - 1}):\n"
+                f"            solutions.append({gen})\n"
+                "        best = await self.sc_ensemble(solutions=solutions)\n"
+                "        return await self.test(solution=best)\n")
+    k, tested = STRUCTURES[method]
     if k == 1:
         out, body = "s", f"        s = {gen}\n"
     else:

@@ -10,4 +10,8 @@ BASELINE_METHODS = ("io", "cot", "cot_sc", "self_refine", "multipersona")
 # whether `test` checks the result); one call goes straight to `test`, several through `sc_ensemble` first.
 STRUCTURES: dict[str, tuple[int, bool]] = {"gen_test": (1, True), "sc3": (3, False), "sc3_test": (3, True),
                                            "sc5": (5, False)}
-STATIC_METHODS = BASELINE_METHODS + tuple(STRUCTURES)
+# Structures that spend calls only where needed: one draft, returned when the public tests pass (`check`, no
+# executor call); otherwise that many drafts in all through `sc_ensemble`, then `test` (sc3_test's tail).
+ADAPTIVE_STRUCTURES: dict[str, int] = {"adaptive_sc3": 3}
+CODE_STRUCTURES = tuple(STRUCTURES) + tuple(ADAPTIVE_STRUCTURES)  # defined for code benchmarks only
+STATIC_METHODS = BASELINE_METHODS + CODE_STRUCTURES

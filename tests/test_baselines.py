@@ -244,3 +244,47 @@ async def test_real_model_runs_self_refine_and_multipersona_on_humaneval_and_gsm
             assert res.usage.llm_calls == 3 * (1 + MULTIPERSONA_ROUNDS) + picker
             assert (PICKER in ex.log[-1][0]) == picker
             assert res.answer in finals
+
+
+# ------------------------------------------------ adaptive structure: more drafts only where the tests fail
+
+RIGHT_HE0 = fn("any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:])")
+
+
+def test_adaptive_structure_is_a_valid_code_workflow_that_branches_on_check():
+    code = baseline_workflow("code", "adaptive_sc3")
+    parsed = validate(code, "code")
+    assert parsed.operators_used == ("check", "code_generate", "sc_ensemble", "test")
+    with pytest.raises(ValueError, match="code benchmarks only"):
+        baseline_workflow("math", "adaptive_sc3")
+
+
+async def test_adaptive_structure_stops_after_one_call_when_the_first_draft_passes(iso):
+    p = humaneval_problem()
+    ex = ScriptedExecutor(replies=[RIGHT_HE0, fn("False"), fn("False")])
+    res = await execute_workflow(baseline_workflow("code", "adaptive_sc3"), p, ex, iso)
+    assert res.status == Status.OK, res.error
+    assert res.usage.llm_calls == len(ex.calls) == 1
+    assert [t["op"] for t in res.trace] == ["code_generate", "check"]
+    assert res.answer == solution_code(p, RIGHT_HE0)
+
+
+async def test_adaptive_structure_drafts_twice_more_when_the_first_fails(iso):
+    p = humaneval_problem()
+    # draft 1 fails the public tests; of drafts 2 and 3 only the third passes: the ensemble picks it by the
+    # tests (no picker call) and `test` finds nothing to repair, so 3 executor calls in all
+    ex = ScriptedExecutor(replies=[fn("False"), fn("True"), RIGHT_HE0])
+    res = await execute_workflow(baseline_workflow("code", "adaptive_sc3"), p, ex, iso)
+    assert res.status == Status.OK, res.error
+    assert res.usage.llm_calls == len(ex.calls) == 3
+    assert [t["op"] for t in res.trace] == ["code_generate", "check", "code_generate", "code_generate",
+                                            "sc_ensemble", "test"]
+    assert res.answer == solution_code(p, RIGHT_HE0)
+
+
+def test_returning_a_verdict_is_no_attempt_at_the_task():
+    from spogw_dagster.core.rewards import is_trivial
+
+    verdict = ("class Workflow:\n    async def run(self):\n        s = await self.code_generate(instruction='')\n"
+               "        return await self.check(solution=s)\n")
+    assert is_trivial(verdict, True) and not is_trivial(baseline_workflow("code", "adaptive_sc3"), True)

@@ -107,3 +107,20 @@ def test_the_code_stop_cuts_at_the_closing_fence_not_the_opening_one():
     cut = reply[: reply.find(CODE_STOP[0])]  # what llama.cpp returns: the text before the stop string
     assert cut.endswith("zip(s, s[1:]))") and "```python" in cut
     assert extract_code(cut, "has_close_elements") == extract_code(reply, "has_close_elements") == RIGHT
+
+
+async def test_check_returns_the_public_tests_verdict_without_an_executor_call(he0):
+    ex = Recorder("A")
+    ops = _ops(he0, ex)
+    assert await ops.call("check", [], {"solution": RIGHT}) == "pass"
+    assert await ops.call("check", [], {"solution": WRONG_A}) == "fail"
+    assert await ops.call("check", [], {"solution": "no code at all"}) == "fail"
+    assert ex.prompts == [] and ops.llm_calls == 0
+    assert [t["source"] for t in ops.trace] == ["verdict"] * 3  # a verdict, never a passed-on solution
+
+
+async def test_check_fails_a_task_without_public_tests_so_a_branch_on_it_spends(he0):
+    import dataclasses
+
+    bare = dataclasses.replace(he0, public_tests=[])
+    assert await _ops(bare, Recorder("A")).call("check", [], {"solution": RIGHT}) == "fail"

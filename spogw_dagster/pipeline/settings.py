@@ -50,7 +50,7 @@ from spogw_dagster.core.training.config import drop_default_off_policy
 from spogw_dagster.models import ALIASES
 from spogw_dagster.pipeline.profiles import get_profile, profile_names
 from spogw_dagster.sandboxing.detect import isolation_choices
-from spogw_dagster.static_methods import STATIC_METHODS, STRUCTURES
+from spogw_dagster.static_methods import CODE_STRUCTURES, STATIC_METHODS
 from spogw_dagster.workflow.template import shown_workflows
 
 __all__ = [
@@ -547,7 +547,7 @@ class SpogwConfig(BaseModel):
                 raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
-        structures = [b for b in self.report.baselines if b in STRUCTURES]
+        structures = [b for b in self.report.baselines if b in CODE_STRUCTURES]
         if structures and get_spec(self.benchmark.name).family != "code":
             raise ValueError(f"report.baselines {structures} are static structures of the code operators, and "
                              f"{self.benchmark.name!r} is not a code benchmark; remove them")

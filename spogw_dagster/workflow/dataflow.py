@@ -31,6 +31,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .template import VERDICT_OPERATORS
+
 __all__ = ["returns_operator_output"]
 
 SRC = "<operator output>"
@@ -157,6 +159,8 @@ class _Function:
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
             if f.attr in self.prog.producing:
                 return frozenset({SRC})
+            if f.attr in VERDICT_OPERATORS:  # check(solution=x) is "pass"/"fail": nothing of x is in it
+                return frozenset()
             if f.attr in self.prog.methods:  # the method's summary, its parameters bound to these arguments
                 summary = self.prog.summaries.get(f.attr, frozenset())
                 names, star = self.prog.positional(f.attr)

@@ -27,7 +27,7 @@ from ..contracts import Problem, SamplingParams
 from ..sandboxing import Isolation, Limits, run_code
 from ..seeds import derive_seed
 from .provenance import EXECUTOR, K, Provenance, tokens
-from .template import OPERATORS
+from .template import OPERATORS, VERDICT_OPERATORS
 
 SYSTEM = "You are a helpful assistant."
 ANSWER_HINT = {
@@ -137,6 +137,8 @@ class Operators:
         """What produced an operator's output: passed one of its inputs on unchanged (`test` whose tests pass,
         an ensemble's pick), ran a program, or is an executor reply."""
         inputs = [x for v in bound.values() for x in (v if isinstance(v, list) else [v])]
+        if op in VERDICT_OPERATORS:
+            return "verdict"
         if any(isinstance(x, str) and x == result for x in inputs):
             return "passthrough"
         return "code_run" if op == "programmer" else "executor"
@@ -237,6 +239,13 @@ class Operators:
             return await run_public_tests(self.problem, solution_code(self.problem, solution), sandbox)
         finally:
             self.code_s += time.monotonic() - t0
+
+    async def op_check(self, solution: str) -> str:
+        """The public tests' verdict, no executor call: "pass" when every one passes, else "fail" (also when the
+        task has none or the text holds no code: a workflow that branches on it then spends, never skips)."""
+        if not self.problem.public_tests:
+            return "fail"
+        return "pass" if (await self._public_tests(solution)).passed else "fail"
 
     async def op_test(self, solution: str) -> str:
         tests = self.problem.public_tests

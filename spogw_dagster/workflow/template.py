@@ -42,6 +42,9 @@ OPERATORS: dict[str, OperatorSpec] = {
         OperatorSpec("test", "test(solution: str) -> str",
                      "Run the task's public example tests on a code solution and fix it if they fail; returns code.",
                      ("solution",), 1),
+        OperatorSpec("check", "check(solution: str) -> str",
+                     "Run the task's public example tests on a code solution; returns \"pass\" or \"fail\".",
+                     ("solution",), 1),
     ]
 }
 
@@ -49,11 +52,19 @@ OPERATORS: dict[str, OperatorSpec] = {
 # A workflow whose answer is not one of their outputs did not attempt the task (`dataflow`, `rewards.is_trivial`).
 PRODUCING_OPERATORS = frozenset({"custom", "answer_generate", "code_generate", "programmer"})
 
+# Operators whose output is a verdict on their input, not a solution: a workflow branches on it (spend more calls
+# only where a draft fails); returned as the answer it is the workflow's own text (`dataflow`, `provenance`).
+VERDICT_OPERATORS = frozenset({"check"})
+
+# The operators each family's prompts show (and so the prompts' text and hashes).
 FAMILY_OPERATORS: dict[str, tuple[str, ...]] = {
     "code": ("code_generate", "sc_ensemble", "test"),
     "math": ("custom", "programmer", "sc_ensemble", "review"),
     "qa": ("custom", "answer_generate", "sc_ensemble", "review"),
 }
+# Offered to every workflow of the family but shown by no prompt: the static structures that branch on the public
+# tests use them (`static_methods.STRUCTURES`); showing them to the generator would change every prompt.
+UNPROMPTED_OPERATORS: dict[str, tuple[str, ...]] = {"code": ("check",)}
 
 # The starting workflow per family: one executor call (what the generator is asked to improve on).
 TEMPLATES: dict[str, str] = {
@@ -146,6 +157,7 @@ ANCHORED_DOCS: dict[str, str] = {
     "answer_generate": "the executor thinks step by step and gives a short answer",
     "programmer": "the executor writes and runs a program that computes the answer",
     "review": "the executor checks a solution and returns a corrected one",
+    "check": "runs the task's example tests on a solution: \"pass\" or \"fail\" (no executor call)",
 }
 
 WORKFLOW_HEADER = "class Workflow:\n    async def run(self):\n"
@@ -155,16 +167,22 @@ WORKFLOW_HEADER = "class Workflow:\n    async def run(self):\n"
 GENERATOR_STOP = ("\nclass ", "\n#", "\n```", "\n\n\n")
 
 
-def operator_names(family: str) -> tuple[str, ...]:
+def prompted_operators(family: str) -> tuple[str, ...]:
+    """The operators the family's prompts show."""
     try:
         return FAMILY_OPERATORS[family]
     except KeyError:
         raise ValueError(f"unknown benchmark family {family!r}; expected one of {sorted(FAMILY_OPERATORS)}") from None
 
 
+def operator_names(family: str) -> tuple[str, ...]:
+    """Every operator a workflow of the family may call (the validator's and the runtime's list)."""
+    return prompted_operators(family) + UNPROMPTED_OPERATORS.get(family, ())
+
+
 def operator_help(family: str) -> str:
     lines = []
-    for name in operator_names(family):
+    for name in prompted_operators(family):
         spec = OPERATORS[name]
         lines.append(f"#   await self.{spec.signature}  -- {spec.doc}")
     return "\n".join(lines)
@@ -250,7 +268,7 @@ def anchored_prompt(family: str, question: str) -> str:
     """The `anchored` prompt: improve on the starting workflow (ScoreFlow and AFlow anchor on a template). The
     task comes first, as what the executor will be asked, and the prompt ends on workflows, not on the task: a
     coder model shown a task last writes its solution instead of a workflow (measured on validation)."""
-    ops = [f"#   await self.{OPERATORS[n].signature}\n#       {ANCHORED_DOCS[n]}" for n in operator_names(family)]
+    ops = [f"#   await self.{OPERATORS[n].signature}\n#       {ANCHORED_DOCS[n]}" for n in prompted_operators(family)]
     parts = [
         f"# The executor LLM will be asked to solve this task: {task_summary(family, question)}",
         "# Write a workflow: a Python class whose run() gets the executor's solution through these operators:",
