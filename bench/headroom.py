@@ -3,7 +3,7 @@ the measured structures, at the calls of the cheapest one that reaches it) besid
 
 From `spogw baseline --json` outputs (any split):
 
-    for m in io gen_test sc3 sc3_test sc5; do
+    for m in io gen_test sc3 sc3_test sc5 adaptive_sc3; do
       spogw baseline --benchmark humaneval --method $m --split validation --limit 16 \\
         --executor-model qwen2.5-coder-0.5b --concurrency 2 --json > headroom-$m.json
     done

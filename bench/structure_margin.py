@@ -115,9 +115,10 @@ def main(argv=None) -> int:
     cfg = load_config(config_file=args.config) if Path(args.config).is_file() else load_config(args.config)
     problems = prompt_problems(cfg, args.split)[: args.limit]
     prompts = [generator_prompt(p.family, p.question, cfg.generator.prompt) for p in problems]
-    ckpts = pl.read_parquet(sorted((args.assets_dir / "lora_checkpoint").glob("*.parquet")))
-    policies = [("base", None)] + [(f"checkpoint {r['iteration']:04d}", r["adapter_path"])
-                                   for r in ckpts.sort("iteration").iter_rows(named=True)]
+    # a run stopped before training (only its data, for adapters trained by bench/retrain.py) has no checkpoint
+    files = sorted((args.assets_dir / "lora_checkpoint").glob("*.parquet"))
+    ckpts = pl.read_parquet(files).sort("iteration").iter_rows(named=True) if files else []
+    policies = [("base", None)] + [(f"checkpoint {r['iteration']:04d}", r["adapter_path"]) for r in ckpts]
     policies += [_named_adapter(a) for a in args.adapter]
     rows, per_query = [], {}
     for name, adapter in policies:
