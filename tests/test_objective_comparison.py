@@ -9,7 +9,8 @@ import pytest
 from spogw_dagster.core.methods.catalog import METHODS, method_overrides, own_data
 from spogw_dagster.pipeline.data import tables
 from spogw_dagster.pipeline.defs.assets.objective_comparison import MethodRun, comparison_frame, method_config
-from spogw_dagster.pipeline.settings import ConfigValidationError, load_config, section_hash
+from spogw_dagster.pipeline.defs.versions import section_hash
+from spogw_dagster.pipeline.settings import ConfigValidationError, load_config
 
 
 def test_each_method_changes_only_its_fields():

@@ -2,7 +2,9 @@
 
 Layout under the assets directory (default ./assets, or SPOGW_ASSETS_DIR):
 
-    <asset>/<partition>.parquet          one Parquet file per asset and iteration partition
+    <table>/<partition>.parquet          one Parquet file per table (an asset or a side table) and iteration
+                                         partition: the folders that hold such files are the tables (`tables()`;
+                                         the asset names are the Dagster definitions', `pipeline/defs/assets`)
     lora_checkpoint/<partition>/         the PEFT adapter folder of that iteration
     heldout_results/<partition>.parquet  per-query rows behind benchmark_report (a side table)
     splits/                              the benchmark splits used (JSON)
@@ -31,18 +33,6 @@ import polars as pl
 
 from spogw_dagster.fsutil import atomic_path, pid_alive
 
-ASSET_NAMES = (
-    "sampled_workflows",
-    "execution_scores",
-    "screened_groups",
-    "sharpened_groups",
-    "lora_checkpoint",
-    "benchmark_report",
-)
-# Materialized on demand, not by the loop's job.
-ON_DEMAND_ASSETS = ("objective_comparison",)
-SIDE_TABLES = ("heldout_results", "comparison_heldout", "comparison_candidates")
-TABLES = ASSET_NAMES + ON_DEMAND_ASSETS + SIDE_TABLES
 CATALOG_FILE = "spogw.duckdb"
 
 
@@ -108,6 +98,14 @@ class AssetStore:
 
     def exists(self, table: str, partition: str) -> bool:
         return self.parquet_path(table, partition).is_file()
+
+    def tables(self) -> list[str]:
+        """The tables of this assets directory: every folder directly under it whose name can name a view and
+        that holds partition files (hidden folders, the adapters' and the splits' are none)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name.isidentifier()
+                      and not d.name.startswith("_") and self.partitions(d.name))
 
     def partitions(self, table: str) -> list[str]:
         d = self.table_dir(table)

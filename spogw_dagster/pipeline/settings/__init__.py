@@ -3,7 +3,7 @@
     sections.py       the pipeline's own sections (benchmark, generator, executor, execution, report, ...)
     core_sections.py  reward, curation and training: derived from the core's dataclasses, each field declared once
     config.py         `SpogwConfig`, the whole config, and the rules that span sections
-    hashing.py        `config_hash`, `section_hash`: what a run's and an asset's config hashes cover
+    hashing.py        `config_hash`, `sections_hash`: what a run's and an asset's config hashes cover
     loading.py        `load_config`: profile, then YAML, then overrides; `ConfigValidationError`
 
 One `SpogwConfig` describes a whole run of the loop: the benchmark and its splits, the generator (the model
@@ -20,7 +20,7 @@ beta >= 0, ...) are enforced here too, with their own messages.
 from __future__ import annotations
 
 from spogw_dagster.pipeline.settings.config import SpogwConfig
-from spogw_dagster.pipeline.settings.hashing import ASSET_SECTIONS, config_hash, executor_identity, section_hash
+from spogw_dagster.pipeline.settings.hashing import config_hash, executor_identity, read_sections, sections_hash
 from spogw_dagster.pipeline.settings.loading import ConfigValidationError, deep_merge, load_config, parse_config
 from spogw_dagster.pipeline.settings.sections import ReportSection
 
@@ -31,8 +31,8 @@ __all__ = [
     "parse_config",
     "deep_merge",
     "config_hash",
-    "section_hash",
+    "sections_hash",
+    "read_sections",
     "executor_identity",
     "ReportSection",
-    "ASSET_SECTIONS",
 ]

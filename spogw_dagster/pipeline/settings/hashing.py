@@ -1,6 +1,7 @@
 """What a config's hashes cover. `config_hash` is the sha256 of the canonical JSON of the whole config, less
-what changes no asset's output; `section_hash` covers only the sections an asset depends on (its code version
-uses it, so changing e.g. the report's baselines does not make the sampled workflows stale). Fields added after
+what changes no asset's output; `sections_hash` covers only the sections an asset reads (`read_sections` of
+what its module declares; its code version uses it, so changing e.g. the report's baselines does not make the
+sampled workflows stale; `pipeline/defs/versions.py::section_hash` looks an asset's sections up by its name). Fields added after
 configs were written are left out at their old value (`section_base.drop_defaults`): those configs keep their
 hashes, and so their assets."""
 
@@ -8,24 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
 
 from spogw_dagster.pipeline.settings.sections import ExecutorSection
 
 # `cfg` below is a `config.SpogwConfig` (not imported: config.py imports this module for `SpogwConfig.hash`).
-
-
-# Sections each asset's output depends on (its code version and `section_hash` use them).
-ASSET_SECTIONS: dict[str, tuple[str, ...]] = {
-    "sampled_workflows": ("benchmark", "generator", "curation", "refinement"),
-    "execution_scores": ("benchmark", "executor", "execution", "reward"),
-    "screened_groups": ("curation",),
-    "sharpened_groups": ("curation",),
-    "lora_checkpoint": ("generator", "training"),
-    "benchmark_report": ("benchmark", "generator", "executor", "execution", "reward", "report"),
-    "objective_comparison": ("benchmark", "generator", "executor", "execution", "reward", "curation", "training",
-                             "report", "comparison"),
-}
 
 
 def _canon_json(obj: Any) -> str:
@@ -43,14 +31,10 @@ def config_hash(cfg) -> str:
     return hashlib.sha256(_canon_json(d).encode()).hexdigest()
 
 
-def asset_sections(cfg, asset: str) -> tuple[str, ...]:
-    """The sections `asset` reads under `cfg`: with refinement on, sampling also runs workflows for feedback."""
-    if asset == "sampled_workflows" and cfg.refinement.enabled:
-        return ASSET_SECTIONS[asset] + ("executor", "execution", "reward")
-    if asset == "lora_checkpoint" and cfg.selection.enabled:  # the gate runs the executor on validation,
-        # whose queries W4S's feedback may reserve (the count, from refinement or comparison, is in `selection`)
-        return ASSET_SECTIONS[asset] + ("selection", "benchmark", "executor", "execution", "reward", "refinement")
-    return ASSET_SECTIONS[asset]
+def read_sections(cfg, always: tuple[str, ...], when_on: Mapping[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The sections an asset reads under `cfg`: `always`, plus `when_on[s]` for each section `s` that is on
+    (`cfg.<s>.enabled`). Each asset module declares both beside itself (`SECTIONS`, `SECTIONS_WHEN_ON`)."""
+    return always + tuple(x for s, extra in when_on.items() if getattr(cfg, s).enabled for x in extra)
 
 
 def _hashed(cfg) -> dict[str, Any]:
@@ -88,6 +72,7 @@ def executor_identity(executor: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def section_hash(cfg, asset: str) -> str:
+def sections_hash(cfg, sections: tuple[str, ...]) -> str:
+    """The hash of `sections` of the config as hashed (order and repeats do not matter)."""
     d = _hashed(cfg)
-    return hashlib.sha256(_canon_json({s: d[s] for s in asset_sections(cfg, asset) if s in d}).encode()).hexdigest()
+    return hashlib.sha256(_canon_json({s: d[s] for s in sections if s in d}).encode()).hexdigest()

@@ -44,7 +44,7 @@ from spogw_dagster.pipeline.domain.iteration_samples import sample_iteration
 from spogw_dagster.pipeline.domain.jobs import evaluate_jobs, jobs_for
 from spogw_dagster.pipeline.domain.lineage import check_sampled_from_parent
 from spogw_dagster.pipeline.domain.outage import executed_rows
-from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config, section_hash
+from spogw_dagster.pipeline.settings import SpogwConfig, deep_merge, parse_config
 from spogw_dagster.seeds import derive_seed
 
 NAME = "objective_comparison"
@@ -53,6 +53,9 @@ KINDS = {"pytorch", "parquet"}
 DESCRIPTION = ("SPOGW, GRPO, Score-DPO, RWR and SPOGW's ablations (comparison.methods) trained from the same "
                "parent adapter on iteration k's data with the same seeds, scored on the report's held-out queries: "
                "metrics with 95% intervals and the paired difference to spogw. On demand, not in the loop's job.")
+# The config sections it reads (its code version and `config_section_hash` cover them).
+SECTIONS = ("benchmark", "generator", "executor", "execution", "reward", "curation", "training", "report",
+            "comparison")
 SIDE_TABLE = "comparison_heldout"
 DATA_TABLE = "comparison_candidates"  # the scored candidates of methods that sample and score their own
 
@@ -242,7 +245,7 @@ def own_data_fingerprint(mcfg: SpogwConfig, parent, k: int) -> str:
     the parent adapter, the iteration, and the code that samples and scores them (a fix there makes them again)."""
 
     assets = ("sampled_workflows", "execution_scores")
-    return json.dumps({"sections": {a: section_hash(mcfg, a) for a in assets},
+    return json.dumps({"sections": {a: versions.section_hash(mcfg, a) for a in assets},
                        "parent_sha256": parent.sha256 if parent else None, "iteration": k,
                        "code": {a: versions.source_hash(a)[:16] for a in assets}}, sort_keys=True)
 
