@@ -32,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from spogw_dagster.fsutil import atomic_path, pid_alive
+from spogw_dagster.pipeline.data.iteration_keys import KEY_WIDTH
 
 CATALOG_FILE = "spogw.duckdb"
 
@@ -100,16 +101,21 @@ class AssetStore:
         return self.parquet_path(table, partition).is_file()
 
     def tables(self) -> list[str]:
-        """The tables of this assets directory: every folder directly under it whose name can name a view and
-        that holds partition files (hidden folders, the adapters' and the splits' are none)."""
+        """The tables of this assets directory: every folder directly under it that holds iteration partitions
+        (`<k>.parquet`, k an iteration key) and whose name can name a view. Not the hidden folders, the adapters'
+        or the splits', nor `report_cache/` (Parquet files named by content, not by iteration)."""
         if not self.root.is_dir():
             return []
         return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name.isidentifier()
-                      and not d.name.startswith("_") and self.partitions(d.name))
+                      and any(_is_partition_key(p) for p in self.partitions(d.name)))
 
     def partitions(self, table: str) -> list[str]:
         d = self.table_dir(table)
         return sorted(p.stem for p in d.glob("*.parquet")) if d.is_dir() else []
+
+
+def _is_partition_key(name: str) -> bool:
+    return len(name) == KEY_WIDTH and name.isdigit()
 
 
 # What a writer killed mid-write leaves behind (an atomic write's temp file, an adapter folder being built or
