@@ -103,7 +103,7 @@ def test_an_anchor_longer_than_the_budget_is_refused():
 
 
 def test_methods_that_sample_their_own_data_sample_without_anchors():
-    from spogw_dagster.pipeline.defs.assets.objective_comparison import method_config
+    from spogw_dagster.pipeline.domain.comparison_methods import method_config
 
     cfg = load_config("answers", overrides={"generator": {"anchors": True}})
     assert method_config(cfg, "spogw").generator.anchors  # trained on the loop's rows, anchors among them

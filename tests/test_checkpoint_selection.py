@@ -21,7 +21,8 @@ from spogw_dagster.pipeline.domain import selection
 from spogw_dagster.pipeline.domain.heldout import heldout_runs
 from spogw_dagster.pipeline.domain.errors import DomainError
 from spogw_dagster.pipeline.runs.cleanup import find_garbage
-from spogw_dagster.pipeline.settings import load_config, section_hash
+from spogw_dagster.pipeline.defs.versions import section_hash
+from spogw_dagster.pipeline.settings import load_config
 
 LADDER = Ladder(format=0.1, valid=0.2, executes=0.2, answer=0.5)
 WF = "class Workflow:\n    async def run(self):\n        return await self.code_generate(instruction='x')\n"

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import polars as pl
 
+from spogw_dagster.pipeline.data import comparison_store as cs
 from spogw_dagster.pipeline.defs.assets import objective_comparison as oc
 from spogw_dagster.pipeline.settings import load_config
 
@@ -19,23 +20,23 @@ def _frames():
 def test_stored_candidates_come_back_only_under_their_fingerprint(tmp_path):
     folder = tmp_path / "comparison" / "0001" / "w4s.candidates"
     sampled, scores = _frames()
-    assert oc.stored_own_data(folder, "fp-a") is None  # nothing stored yet
-    oc.store_own_data(folder, "fp-a", sampled, scores)
-    got = oc.stored_own_data(folder, "fp-a")
+    assert cs.stored_own_data(folder, "fp-a") is None  # nothing stored yet
+    cs.store_own_data(folder, "fp-a", sampled, scores)
+    got = cs.stored_own_data(folder, "fp-a")
     assert got is not None and got[0].equals(sampled) and got[1].equals(scores)
-    assert oc.stored_own_data(folder, "fp-b") is None  # another config or parent: made again
-    oc.store_own_data(folder, "fp-b", scores, sampled)  # replaced whole
-    assert oc.stored_own_data(folder, "fp-b")[0].equals(scores) and oc.stored_own_data(folder, "fp-a") is None
+    assert cs.stored_own_data(folder, "fp-b") is None  # another config or parent: made again
+    cs.store_own_data(folder, "fp-b", scores, sampled)  # replaced whole
+    assert cs.stored_own_data(folder, "fp-b")[0].equals(scores) and cs.stored_own_data(folder, "fp-a") is None
     assert sorted(p.name for p in folder.parent.iterdir()) == ["w4s.candidates"]  # no temp folder left
 
 
 def test_a_folder_without_its_fingerprint_or_with_a_broken_file_is_not_reused(tmp_path):
     folder = tmp_path / "w4s.candidates"
-    oc.store_own_data(folder, "fp", *_frames())
+    cs.store_own_data(folder, "fp", *_frames())
     (folder / "scores.parquet").write_bytes(b"not parquet")
-    assert oc.stored_own_data(folder, "fp") is None
+    assert cs.stored_own_data(folder, "fp") is None
     (folder / "fingerprint.json").unlink()
-    assert oc.stored_own_data(folder, "fp") is None
+    assert cs.stored_own_data(folder, "fp") is None
 
 
 def test_the_fingerprint_names_the_config_the_parent_and_the_iteration():
@@ -56,4 +57,4 @@ def test_the_fingerprint_names_the_config_the_parent_and_the_iteration():
 
 def test_the_candidates_live_beside_the_methods_adapter(tmp_path):
     store = SimpleNamespace(root=tmp_path)
-    assert oc.own_data_dir(store, "0003", "score_dpo") == tmp_path / "comparison" / "0003" / "score_dpo.candidates"
+    assert cs.own_data_dir(store, "0003", "score_dpo") == tmp_path / "comparison" / "0003" / "score_dpo.candidates"

@@ -50,7 +50,7 @@ def test_the_path_changes_no_config_hash_and_reaches_the_assets(tmp_path):
 
 def test_a_run_that_took_either_path_is_the_same_run():
     # a finished run's stats record the path it took (True on the CPU); the config asking for None is that run
-    # (the comparison reuses the loop's checkpoint on this: objective_comparison._trained_the_same)
+    # (the comparison reuses the loop's checkpoint on this: comparison_methods.trained_the_same)
     from spogw_dagster.core.training import TrainConfig, config_identity
 
     asked = TrainConfig(seed=3)

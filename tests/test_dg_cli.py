@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 DG = shutil.which("dg", path=str(Path(sys.executable).parent)) or shutil.which("dg")

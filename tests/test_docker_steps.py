@@ -28,7 +28,8 @@ pytest.importorskip("dagster_docker", reason="steps in containers need dagster-d
 
 from spogw_dagster.pipeline.runs import container_steps
 from spogw_dagster.pipeline.data.catalog import query
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 from tests.test_pipeline_e2e import (
     _ci_profile_is_what_the_hand_counts_assume,
     _expected_rows,

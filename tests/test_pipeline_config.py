@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spogw_dagster.pipeline.settings import ConfigValidationError, config_hash, load_config, section_hash
+from spogw_dagster.pipeline.defs.versions import section_hash
+from spogw_dagster.pipeline.settings import ConfigValidationError, config_hash, load_config
 from spogw_dagster.pipeline.profiles import profile_names
 
 

@@ -20,7 +20,8 @@ from spogw_dagster.pipeline.defs.partitions import (
     previous_key,
 )
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME, next_iteration
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, ON_DEMAND_ASSETS, AssetStore
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES, ON_DEMAND_ASSETS
 
 SIX = ["sampled_workflows", "execution_scores", "screened_groups", "sharpened_groups", "lora_checkpoint",
        "benchmark_report"]

@@ -26,7 +26,8 @@ from spogw_dagster.pipeline.settings import load_config
 from spogw_dagster.pipeline.defs.wiring import build_definitions
 from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME
 from spogw_dagster.pipeline.defs.sensors import JOB_NAME
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, AssetStore
+from spogw_dagster.pipeline.data.storage import AssetStore
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 
 pytestmark = pytest.mark.model
 

@@ -169,3 +169,17 @@ def test_pid_alive_sees_zombies_and_reused_pids_as_dead():
     assert open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z"  # still there, as a zombie
     child.wait()
     assert not pid_alive(child.pid) and process_start(child.pid) is None
+
+
+def test_the_tables_are_the_folders_of_iteration_partitions(tmp_path):
+    """The data layer names no asset: the catalog's tables are the folders that hold `<k>.parquet` partitions;
+    not the report's cache (files named by content), the adapters' folders or hidden ones."""
+    store = AssetStore(tmp_path)
+    store.write_parquet("execution_scores", "0000", _frame(0, 2, 1))
+    store.write_parquet("my_new_table", "0001", _frame(1, 1, 1))
+    write_parquet_atomic(_frame(0, 1, 1), tmp_path / "report_cache" / "baseline-0123abcd.parquet")
+    write_parquet_atomic(_frame(0, 1, 1), tmp_path / ".snapshots" / "0000.parquet")
+    (tmp_path / "splits").mkdir()
+    assert store.tables() == ["execution_scores", "my_new_table"]
+    refresh_catalog(store)
+    assert {r[0] for r in query(store, "select view_name from catalog_info")} == {"execution_scores", "my_new_table"}

@@ -104,8 +104,9 @@ def test_feedback_queries_that_do_not_fit_the_train_split_name_the_fix():
 
 
 def test_w4s_is_compared_at_its_papers_turns_unless_set():
-    from spogw_dagster.pipeline.defs.assets.objective_comparison import method_config
-    from spogw_dagster.pipeline.settings import load_config, section_hash
+    from spogw_dagster.pipeline.domain.comparison_methods import method_config
+    from spogw_dagster.pipeline.defs.versions import section_hash
+    from spogw_dagster.pipeline.settings import load_config
 
     cfg = load_config("tiny")
     w4s = method_config(cfg, "w4s").refinement

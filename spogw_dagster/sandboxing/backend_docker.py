@@ -40,6 +40,10 @@ from .engine import DockerUnavailableError, client, docker, engine_answers, host
 from .environment import RUNNER_INSIDE, SANDBOX_DIR_INSIDE, Limits, package_dirs_to_mask, sandbox_python
 from .images import SANDBOX_IMAGE, TOP_LEVEL_MAYBE_LINKS, image_status, sandbox_dir
 
+# The files of sandbox/ this module runs without importing them (binds sandbox/ into every container it runs); the
+# code versions of the assets that import it cover them (pipeline/defs/versions.py).
+SANDBOX_FILES = "*"
+
 IMAGE = SANDBOX_IMAGE.tag
 CONTAINER_LABEL = "org.spogw.sandbox"  # on every container we start, to find leftovers
 PARENT_LABEL = "org.spogw.parent"  # the pid of the process that started it, to sweep orphans

@@ -11,6 +11,10 @@ import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+# The files of sandbox/ this module runs without importing them (runner_path: the runner every sandboxed workflow
+# runs); the code versions of the assets that import it cover them (pipeline/defs/versions.py).
+SANDBOX_FILES = "*.py"
+
 __all__ = ["SandboxUnavailableError", "SandboxStartError", "Limits", "SandboxPython", "runner_path",
            "sandbox_python", "package_dirs_to_mask", "SANDBOX_DIR_INSIDE", "RUNNER_INSIDE"]
 

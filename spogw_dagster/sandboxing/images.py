@@ -26,6 +26,10 @@ from typing import Callable
 from .engine import DockerUnavailableError, docker, last_line, require_engine
 from .environment import SANDBOX_DIR_INSIDE, runner_path
 
+# The files of sandbox/ this module runs without importing them (the sandbox image is built from
+# sandbox/Dockerfile); the code versions of the assets that import it cover them (pipeline/defs/versions.py).
+SANDBOX_FILES = "*"
+
 Entry = tuple[str, str, str]  # (kind, path, payload): "dir", "link" (payload: target) or "file" (its text)
 
 # Top-level entries that are symlinks into /usr on a merged-/usr system, real directories elsewhere.

@@ -19,6 +19,10 @@ from .cgroups import RunCgroup
 from .cgroups import manager as cgroup_manager
 from .environment import Limits, SandboxStartError
 
+# The files of sandbox/ this module runs without importing them (the sandbox's scripts it starts in the child); the
+# code versions of the assets that import it cover them (pipeline/defs/versions.py).
+SANDBOX_FILES = "*.py"
+
 
 def _preexec(limits: Limits, host_limits_memory: bool, cgroup: RunCgroup | None = None):
     def apply() -> None:

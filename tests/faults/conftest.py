@@ -116,12 +116,11 @@ def table_state(root: Path, partitions: tuple[str, ...] | None = None,
     """{table: {partition: (rows, content hash)}} for every table of the assets directory, plus each
     adapter's weights hash under lora_checkpoint_adapter. `also`: assets directories this one was copied from
     (their paths in its rows count as its own)."""
-    from spogw_dagster.pipeline.data.catalog import CATALOG_TABLES
     from spogw_dagster.pipeline.data.storage import AssetStore
 
     store = AssetStore(root)
     out: dict[str, dict[str, tuple[int, str]]] = {}
-    for t in CATALOG_TABLES:
+    for t in store.tables():
         for part in store.partitions(t):
             if partitions is None or part in partitions:
                 df = store.read_parquet(t, part)
@@ -147,25 +146,23 @@ def temp_files(root: Path) -> list[str]:
 
 
 def unreadable_partitions(root: Path) -> list[str]:
-    from spogw_dagster.pipeline.data.catalog import CATALOG_TABLES
     from spogw_dagster.pipeline.data.storage import AssetStore
 
     store = AssetStore(root)
-    return [f"{t}[{p}]" for t in CATALOG_TABLES for p in store.partitions(t) if not store.readable(t, p)]
+    return [f"{t}[{p}]" for t in store.tables() for p in store.partitions(t) if not store.readable(t, p)]
 
 
 def catalog_agrees(root: Path) -> None:
     """The catalog opens read-only and every view holds per iteration exactly the rows of the Parquet files."""
     import duckdb
 
-    from spogw_dagster.pipeline.data.catalog import CATALOG_TABLES
     from spogw_dagster.pipeline.data.storage import AssetStore
 
     store = AssetStore(root)
     con = duckdb.connect(str(store.catalog_path), read_only=True)
     try:
         views = {r[0] for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
-        for t in CATALOG_TABLES:
+        for t in store.tables():
             parts = store.partitions(t)
             files = {int(p): store.read_parquet(t, p).height for p in parts}
             if not parts:
@@ -199,7 +196,7 @@ def new_calls(root: Path, partition: str) -> int:
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
 
-    from spogw_dagster.pipeline.data.storage import ASSET_NAMES
+    from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 
     total = 0
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(root / ".dagster"))) as inst:
@@ -219,7 +216,7 @@ def all_new_calls(root: Path, home: Path | None = None) -> int:
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
 
-    from spogw_dagster.pipeline.data.storage import ASSET_NAMES
+    from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 
     total = 0
     with dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home or root / ".dagster"))) as inst:

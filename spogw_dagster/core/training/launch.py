@@ -30,8 +30,12 @@ import torch
 
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.children import die_with_parent
-from spogw_dagster.core.training import TrainConfig, TrainExample, TrainResult, finished_run, train_lora
+from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.distributed import shutdown
+from spogw_dagster.core.training.examples import TrainExample, TrainResult
+from spogw_dagster.core.training.identity import finished_run
+from spogw_dagster.core.training.trainer import train_lora  # the module itself: an editor follows it (the
+# package re-exports it lazily, for callers that must not import torch; this module imports torch anyway)
 
 __all__ = ["fit_adapter", "launch_command", "main"]
 

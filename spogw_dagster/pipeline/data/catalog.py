@@ -4,8 +4,8 @@
     duckdb assets/spogw.duckdb "select step, mode, metric, value, ci_low, ci_high from learning_curve order by all"
     duckdb assets/spogw.duckdb "select objective, count(*) from training_rows group by 1"
 
-Tables: every asset and side table of `storage.TABLES`, plus `training_rows` (the rows each lora_checkpoint
-trained on, written beside the adapter): `CATALOG_TABLES`.
+Tables: every table the assets directory holds (`AssetStore.tables()`: each asset and side table, e.g.
+`training_rows`, the rows each lora_checkpoint trained on), found from the files, so this layer names none.
 
 Consistency while a run writes. Atomic renames alone are not enough for DuckDB: a query opens a Parquet
 file more than once (schema and footer when it binds, data when it runs), so a file replaced between the
@@ -43,15 +43,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spogw_dagster.pipeline.data.storage import TABLES, AssetStore
+from spogw_dagster.pipeline.data.storage import AssetStore
 
 log = logging.getLogger(__name__)
-
-#: Side tables written by an asset module besides those `storage.TABLES` names (both lora_checkpoint's:
-#: training_rows, and selection_results when checkpoint selection is on).
-EXTRA_SIDE_TABLES = ("training_rows", "selection_results")
-#: Every table that gets a view (when it has partitions).
-CATALOG_TABLES = TABLES + tuple(t for t in EXTRA_SIDE_TABLES if t not in TABLES)
 
 SIDE_FILE = ".catalog.json"
 SNAP_DIR = ".snapshots"
@@ -138,7 +132,7 @@ def refresh_catalog(store: AssetStore, *, force: bool = False) -> bool:
         old_files: dict[str, dict[str, Any]] = old.get("files", {})
         files: dict[str, dict[str, Any]] = {}
         damaged: list[str] = []
-        for table in CATALOG_TABLES:
+        for table in store.tables():
             for part in store.partitions(table):
                 rec = old_files.get(table, {}).get(part)
                 if _same_file(store, table, part, rec):
@@ -191,8 +185,8 @@ def build_catalog(store: AssetStore, views: dict[str, list[str]]) -> Path:
         try:
             con.execute("CREATE TABLE catalog_info (view_name VARCHAR, partitions INTEGER, parquet_dir VARCHAR, "
                         "built_at DOUBLE)")
-            for t in CATALOG_TABLES:
-                if views.get(t):
+            for t in sorted(views):
+                if views[t]:
                     con.execute(view_sql(t, views[t]))
                     con.execute("INSERT INTO catalog_info VALUES (?, ?, ?, ?)",
                                 [t, len(views[t]), str(store.table_dir(t)), time.time()])

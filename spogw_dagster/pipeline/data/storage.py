@@ -2,7 +2,9 @@
 
 Layout under the assets directory (default ./assets, or SPOGW_ASSETS_DIR):
 
-    <asset>/<partition>.parquet          one Parquet file per asset and iteration partition
+    <table>/<partition>.parquet          one Parquet file per table (an asset or a side table) and iteration
+                                         partition: the folders that hold such files are the tables (`tables()`;
+                                         the asset names are the Dagster definitions', `pipeline/defs/assets`)
     lora_checkpoint/<partition>/         the PEFT adapter folder of that iteration
     heldout_results/<partition>.parquet  per-query rows behind benchmark_report (a side table)
     splits/                              the benchmark splits used (JSON)
@@ -30,19 +32,8 @@ from pathlib import Path
 import polars as pl
 
 from spogw_dagster.fsutil import atomic_path, pid_alive
+from spogw_dagster.pipeline.data.iteration_keys import KEY_WIDTH
 
-ASSET_NAMES = (
-    "sampled_workflows",
-    "execution_scores",
-    "screened_groups",
-    "sharpened_groups",
-    "lora_checkpoint",
-    "benchmark_report",
-)
-# Materialized on demand, not by the loop's job.
-ON_DEMAND_ASSETS = ("objective_comparison",)
-SIDE_TABLES = ("heldout_results", "comparison_heldout", "comparison_candidates")
-TABLES = ASSET_NAMES + ON_DEMAND_ASSETS + SIDE_TABLES
 CATALOG_FILE = "spogw.duckdb"
 
 
@@ -109,9 +100,22 @@ class AssetStore:
     def exists(self, table: str, partition: str) -> bool:
         return self.parquet_path(table, partition).is_file()
 
+    def tables(self) -> list[str]:
+        """The tables of this assets directory: every folder directly under it that holds iteration partitions
+        (`<k>.parquet`, k an iteration key) and whose name can name a view. Not the hidden folders, the adapters'
+        or the splits', nor `report_cache/` (Parquet files named by content, not by iteration)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(d.name for d in self.root.iterdir() if d.is_dir() and d.name.isidentifier()
+                      and any(_is_partition_key(p) for p in self.partitions(d.name)))
+
     def partitions(self, table: str) -> list[str]:
         d = self.table_dir(table)
         return sorted(p.stem for p in d.glob("*.parquet")) if d.is_dir() else []
+
+
+def _is_partition_key(name: str) -> bool:
+    return len(name) == KEY_WIDTH and name.isdigit()
 
 
 # What a writer killed mid-write leaves behind (an atomic write's temp file, an adapter folder being built or

@@ -1,8 +1,12 @@
 """Code versions of the assets: a hash of every source file an asset's module imports, transitively (module-level
 and function-level imports inside the package, read from the source, so nothing is kept by hand), plus the
-files those modules load at run time instead of importing (`RUNTIME_FILES`), plus the config sections the asset
-reads (`settings.ASSET_SECTIONS`). Dagster shows earlier partitions as stale ("code version changed") when
-either changes.
+files of sandbox/ those modules run instead of importing (each such module says which: `SANDBOX_FILES`), plus
+the config sections the asset reads (its module's `SECTIONS` and `SECTIONS_WHEN_ON`). Dagster shows earlier
+partitions as stale ("code version changed") when either changes.
+
+Both declarations are read from the source, as the imports are, by the asset's name: any module may ask for an
+asset's sections without importing its module (assets are leaves: objective_comparison hashes the sections of
+the two assets whose work it redoes).
 
 The closure is deliberately generous: the resource that hands every asset its services imports the executors,
 the sandbox and the sampler lazily, so most assets cover most of the package. A version that changes too often
@@ -17,22 +21,11 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
+from spogw_dagster.pipeline.settings import SpogwConfig, read_sections, sections_hash
 
 _PKG = Path(__file__).resolve().parents[2]  # spogw_dagster/
 _ROOT = _PKG.parent
 _NAME = _PKG.name
-
-# Files a module reads and runs in another process rather than importing: the sandbox's own scripts, as globs
-# in the sandbox folder (`sandbox/` of a checkout, installed as the package `spogw_sandbox`).
-RUNTIME_FILES: dict[str, str] = {
-    "sandboxing/process.py": "*.py",
-    "sandboxing/environment.py": "*.py",  # runner_path: the runner every sandboxed workflow runs
-    "sandboxing/images.py": "*",  # the sandbox image is built from sandbox/Dockerfile
-    "sandboxing/backend_docker.py": "*",  # binds sandbox/ into every container it runs
-    "benchmarks/verdict.py": "*.py",
-}
-
 
 @lru_cache(maxsize=None)
 def sandbox_dir() -> Path:
@@ -103,13 +96,51 @@ def import_closure(module: str) -> tuple[str, ...]:
     return tuple(sorted(str(p.relative_to(_PKG)) for p in seen))
 
 
+@lru_cache(maxsize=None)
+def _constants(path: Path) -> dict[str, object]:
+    """The module-level constants of a source file that are literals (`NAME = ...`), read without importing it."""
+    out: dict[str, object] = {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                out[target.id] = ast.literal_eval(node.value)
+            except ValueError:  # not a literal (a call, a name): not a declaration
+                pass
+    return out
+
+
+def sandbox_files(rel: str) -> str | None:
+    """The glob of sandbox/ files that the package's module `rel` (e.g. "sandboxing/images.py") runs without
+    importing them: its `SANDBOX_FILES`, or None."""
+    glob = _constants(_PKG / rel).get("SANDBOX_FILES")
+    return glob if isinstance(glob, str) else None
+
+
+def _asset_module(asset: str) -> str:
+    return f"{_NAME}.pipeline.defs.assets.{asset}"
+
+
 def asset_files(asset: str) -> list[Path]:
     """Every file whose content is part of `asset`'s code version."""
-    files = [_PKG / f for f in import_closure(f"{_NAME}.pipeline.defs.assets.{asset}")]
-    for rel in import_closure(f"{_NAME}.pipeline.defs.assets.{asset}"):
-        if rel in RUNTIME_FILES:
-            files += sorted(p for p in sandbox_dir().glob(RUNTIME_FILES[rel]) if p.is_file())
+    files = [_PKG / f for f in import_closure(_asset_module(asset))]
+    for rel in import_closure(_asset_module(asset)):
+        if (glob := sandbox_files(rel)) is not None:
+            files += sorted(p for p in sandbox_dir().glob(glob) if p.is_file())
     return sorted(set(files))
+
+
+def declared_sections(asset: str) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """The config sections `asset`'s module declares it reads: `SECTIONS` always, and `SECTIONS_WHEN_ON[s]`
+    while section `s` is on."""
+    consts = _constants(_module_file(_asset_module(asset)))
+    return tuple(consts["SECTIONS"]), dict(consts.get("SECTIONS_WHEN_ON", {}))
+
+
+def section_hash(cfg: SpogwConfig, asset: str) -> str:
+    """The hash of the config sections `asset` reads under `cfg` (its materializations' `config_section_hash`)."""
+    return sections_hash(cfg, read_sections(cfg, *declared_sections(asset)))
 
 
 @lru_cache(maxsize=None)

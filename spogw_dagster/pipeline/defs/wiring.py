@@ -17,8 +17,8 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from spogw_dagster.pipeline.data.storage import ASSET_NAMES, default_assets_dir
-from spogw_dagster.pipeline.defs.assets import build_assets
+from spogw_dagster.pipeline.data.storage import default_assets_dir
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES, ON_DEMAND_ASSETS, build_assets
 from spogw_dagster.pipeline.defs.checks import ALL_CHECKS
 from spogw_dagster.pipeline.defs.io_manager import ParquetIOManager
 from spogw_dagster.pipeline.defs.resources import PipelineResource
@@ -49,7 +49,7 @@ def build_definitions(
         tags={"spogw/loop": "iteration", "spogw/profile": cfg.profile, "spogw/config_hash": cfg.hash[:16]},
     )
     comparison = dg.define_asset_job(
-        COMPARISON_JOB, selection=dg.AssetSelection.assets("objective_comparison"),
+        COMPARISON_JOB, selection=dg.AssetSelection.assets(*ON_DEMAND_ASSETS),
         description="The methods of comparison.methods side by side on one iteration's data (needs the "
                     "iteration's report).", tags={"spogw/profile": cfg.profile})
     pipeline = PipelineResource.from_config(cfg, root)

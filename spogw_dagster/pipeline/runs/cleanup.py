@@ -15,11 +15,10 @@ from pathlib import Path
 import polars as pl
 
 from spogw_dagster.pipeline.data.checkpoints import folder_partition
+from spogw_dagster.pipeline.data.comparison_store import CANDIDATES_SUFFIX, COMPARISON_DIR
 from spogw_dagster.pipeline.data.locks import assets_dir_lock
 from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir, sweep_temp_files
 
-COMPARISON_DIR = "comparison"
-CANDIDATES_SUFFIX = ".candidates"  # a method's own candidates, beside its adapter (objective_comparison)
 
 
 @dataclass

@@ -28,13 +28,8 @@ import polars as pl
 from spogw_dagster.pipeline.data.checkpoints import adapter_damage
 from spogw_dagster.pipeline.data.locks import assets_dir_lock
 from spogw_dagster.pipeline.data.report_stats import curve_table_text
-from spogw_dagster.pipeline.data.storage import (
-    ASSET_NAMES,
-    AssetStore,
-    default_assets_dir,
-    sweep_temp_files,
-    write_parquet_atomic,
-)
+from spogw_dagster.pipeline.data.storage import AssetStore, default_assets_dir, sweep_temp_files, write_parquet_atomic
+from spogw_dagster.pipeline.defs.assets import ASSET_NAMES
 from spogw_dagster.pipeline.defs.assets.common import frame_data_version, parent_or_fail
 from spogw_dagster.pipeline.defs.partitions import PARTITIONS_NAME, iteration_key
 from spogw_dagster.pipeline.defs.run_executors import close_orphaned_runs, worker_tags

@@ -4,7 +4,7 @@ description and kinds beside it), that reads its inputs, calls the domain and co
 (stored by the Parquet IO manager) with its metadata. `common.versioned` sends that frame out as `dg.Output`
 with a data version of its content (`common.frame_data_version`): Dagster then marks downstream partitions stale
 after a rerun that changed data, and nothing after one that reproduced it. `build_assets(cfg)` adds each
-asset's code version, which depends on the config. The groups show the stages in the UI:
+asset's code version, which depends on the config; `ASSET_MODULES` is the one list of them. The groups show the stages in the UI:
 
     sampling     sampled_workflows(k)   m workflows per training query from π_{k-1}, with token log-probs
     execution    execution_scores(k)    every workflow run in the sandbox against the executor, scored
@@ -33,9 +33,17 @@ from spogw_dagster.pipeline.defs.assets import (
 from spogw_dagster.pipeline.defs.versions import code_version
 from spogw_dagster.pipeline.settings import SpogwConfig
 
-#: In dependency order; the loop's job runs the first six, objective_comparison is materialized on demand.
-ASSET_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint,
-                 benchmark_report, objective_comparison)
+# The one list of the assets: everything else that names them derives from it (the loop's job and chain, the
+# definitions, the code versions; tests/test_asset_list.py checks that no other list exists). Each module
+# declares beside its asset the config sections it reads (`SECTIONS`, `SECTIONS_WHEN_ON`).
+#: The loop's chain, in dependency order: one iteration materializes these (`spogw run`, the job, the sensor).
+LOOP_MODULES = (sampled_workflows, execution_scores, screened_groups, sharpened_groups, lora_checkpoint,
+                benchmark_report)
+#: Materialized on demand (`spogw compare --iteration`, the UI), never by the loop's job.
+ON_DEMAND_MODULES = (objective_comparison,)
+ASSET_MODULES = LOOP_MODULES + ON_DEMAND_MODULES
+ASSET_NAMES = tuple(m.NAME for m in LOOP_MODULES)
+ON_DEMAND_ASSETS = tuple(m.NAME for m in ON_DEMAND_MODULES)
 
 
 def build_assets(cfg: SpogwConfig) -> list[dg.AssetsDefinition]:

@@ -32,6 +32,8 @@ DESCRIPTION = ("Held-out metrics of checkpoint k beside π_{k-1} (base at k = 0)
                "CoT-SC): valid, executes and trivial rates, mean ladder reward and answer score with 95% intervals, "
                "greedy and over k samples per query, and the paired difference to π_{k-1} on the same queries and "
                "seeds (long format: one row per system, mode and metric; per-sample rows in heldout_results).")
+# The config sections it reads (its code version and `config_section_hash` cover them).
+SECTIONS = ("benchmark", "generator", "executor", "execution", "reward", "report")
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,

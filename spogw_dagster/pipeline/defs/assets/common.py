@@ -18,7 +18,8 @@ import polars as pl
 from spogw_dagster.executors.embedded import runtime_report
 from spogw_dagster.pipeline.data.checkpoints import MissingCheckpointError, ParentCheckpoint, parent_checkpoint
 from spogw_dagster.pipeline.data.storage import AssetStore
-from spogw_dagster.pipeline.settings import SpogwConfig, section_hash
+from spogw_dagster.pipeline.defs.versions import section_hash
+from spogw_dagster.pipeline.settings import SpogwConfig
 
 # Progress lines for terminals (`spogw run` prints this logger); the same text goes to the Dagster event log.
 PROGRESS = logging.getLogger("spogw.progress")

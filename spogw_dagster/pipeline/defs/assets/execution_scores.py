@@ -35,6 +35,8 @@ GROUP = "execution"
 KINDS = {"python", "parquet"}
 DESCRIPTION = ("Every sampled workflow executed R times in the sandbox against the executor and scored (reward "
                "ladder + benchmark metric); executor calls go through the call cache.")
+# The config sections it reads (its code version and `config_section_hash` cover them).
+SECTIONS = ("benchmark", "executor", "execution", "reward")
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,

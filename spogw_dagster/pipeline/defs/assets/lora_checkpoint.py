@@ -40,6 +40,11 @@ KINDS = {"pytorch", "parquet"}
 DESCRIPTION = ("LoRA adapter of iteration k trained with the configured objective (ioGRPO + mKL by default) on the "
                "sharpened groups, or for score_dpo / rwr on the candidates their papers keep (ScoreFlow's pairs of "
                "workflows that ran, on the answer; W4S's weighted candidates that ran and scored above 0.05), continuing from lora_checkpoint(k-1). Side table: training_rows.")
+# The config sections it reads (its code version and `config_section_hash` cover them): with selection on, the
+# gate runs the executor on validation, whose queries W4S's feedback may reserve (the count, from refinement or
+# comparison, is in `selection`).
+SECTIONS = ("generator", "training")
+SECTIONS_WHEN_ON = {"selection": ("selection", "benchmark", "executor", "execution", "reward", "refinement")}
 TRAINING_ROWS = "training_rows"
 SELECTION_RESULTS = "selection_results"  # the validation gate's per-query rows (heldout_results' columns)
 

@@ -24,6 +24,10 @@ GROUP = "sampling"
 KINDS = {"python", "parquet"}
 DESCRIPTION = ("m workflows per training query sampled from π_{k-1} (the base model at k = 0) with per-token "
                "log-probs; fails fast when lora_checkpoint(k-1) is missing.")
+# The config sections it reads (its code version and `config_section_hash` cover them): with W4S refinement on,
+# sampling also runs workflows for feedback.
+SECTIONS = ("benchmark", "generator", "curation", "refinement")
+SECTIONS_WHEN_ON = {"refinement": ("executor", "execution", "reward")}
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,

@@ -18,6 +18,8 @@ GROUP = "curation"
 KINDS = {"python", "parquet"}
 DESCRIPTION = ("Executor errors (with curation.valid_only, workflows that never ran) and near-duplicate workflows "
                "removed, groups of n formed per query and screened by score std (kept flag + reason for every group).")
+# The config sections it reads (its code version and `config_section_hash` cover them).
+SECTIONS = ("curation",)
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,

@@ -16,6 +16,8 @@ NAME = "sharpened_groups"
 GROUP = "curation"
 KINDS = {"python", "parquet"}
 DESCRIPTION = "Top-t and bottom-t workflows of each kept group, with group-normalised advantages (one row per member)."
+# The config sections it reads (its code version and `config_section_hash` cover them).
+SECTIONS = ("curation",)
 
 
 @dg.asset(group_name=GROUP, description=DESCRIPTION, kinds=KINDS, partitions_def=iterations,
