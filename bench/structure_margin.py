@@ -8,7 +8,9 @@ generator prompt, under the base model and under each checkpoint of a run, and p
 
 - the mean total log-prob of each structure, and the mean margin of each against the one the base prefers;
 - on how many queries each structure is the most likely of the three (a proxy for what greedy writes);
-- the first-token probabilities that decide the structure (" solution" vs " solutions").
+- the first-token probabilities that decide the structure (" solution" vs " solutions"), and on how many queries
+  " solutions" is the likelier of the two: the sequences' log-probs rank whole workflows, greedy decoding picks
+  token by token, so a structure most likely as a whole can still lose the first token.
 
 Nothing is executed and nothing is written. The completions are written the way the generator writes them
 (a leading space after the prompt's prefilled indentation, then 9-space lines), so that the tokens match.
@@ -82,9 +84,12 @@ def summarize(name: str, lp: dict[str, list[float]], ft: dict[str, list[float]])
     best = [max(lp, key=lambda s: lp[s][i]) for i in range(n)]
     mean = {s: sum(v) / n for s, v in lp.items()}
     margin = {s: sum(lp[s][i] - lp["gen_test"][i] for i in range(n)) / n for s in lp}
+    # greedy decodes token by token: where " solutions" beats " solution" as the first token is where greedy can
+    # open the ensemble, whatever the whole sequences' log-probs say
+    opens = sum(b > a for a, b in zip(ft[" solution"], ft[" solutions"]))
     return {"policy": name, "queries": n, "mean_logprob": mean, "mean_margin_vs_gen_test": margin,
             "most_likely": {s: best.count(s) for s in lp},
-            "first_token_mean_p": {w: sum(v) / n for w, v in ft.items()}}
+            "first_token_mean_p": {w: sum(v) / n for w, v in ft.items()}, "solutions_first": opens}
 
 
 def prompt_problems(cfg, split: str) -> list:
@@ -130,12 +135,14 @@ def main(argv=None) -> int:
         del model
     print(f"structure log-probs on {len(prompts)} {args.split} prompts ({cfg.benchmark.name}, prompt "
           f"{cfg.generator.prompt!r}); margin = log p(structure) - log p(gen_test), mean over queries")
-    print(f"{'policy':<16}" + "".join(f"{s:>24}" for s in STRUCTURES) + f"{'p( solution)':>14}{'p( solutions)':>15}")
+    print(f"{'policy':<16}" + "".join(f"{s:>24}" for s in STRUCTURES) + f"{'p( solution)':>14}{'p( solutions)':>15}"
+          f"{'solutions first':>17}")
     for r in rows:
         cells = "".join(f"{r['mean_margin_vs_gen_test'][s]:>+10.2f} (top {r['most_likely'][s]:>2}/{r['queries']})    "
                         for s in STRUCTURES)
         ft = r["first_token_mean_p"]
-        print(f"{r['policy']:<16}{cells}{ft[' solution']:>14.3f}{ft[' solutions']:>15.3f}")
+        print(f"{r['policy']:<16}{cells}{ft[' solution']:>14.3f}{ft[' solutions']:>15.3f}"
+              f"{r['solutions_first']:>11}/{r['queries']}")
     if args.json:
         args.json.write_text(json.dumps({"summary": rows, "per_query": per_query}, indent=1))
     return 0 if all(math.isfinite(v) for r in rows for v in r["mean_logprob"].values()) else 1

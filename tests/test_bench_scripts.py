@@ -130,3 +130,19 @@ def test_headroom_oracle_takes_the_best_per_query_at_the_cheapest_calls(tmp_path
     f.write_text(json.dumps({"method": "io", "results": [{"query": "a", "status": "ok", "score": 1.0, "llm_calls": 1},
                                                          {"query": "b", "status": "executor_error", "score": 0.0}]}))
     assert mod.from_json([str(f)], None) == {"io": {"a": (1.0, 1)}}
+
+
+def test_structure_margin_counts_where_greedy_can_open_the_ensemble():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_structure_margin", BENCH / "structure_margin.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # two queries: the ensemble is the likelier whole sequence on both (margins +1 and +2 over gen_test), but its
+    # first token " solutions" beats " solution" only on the second (0.3 > 0.2; 0.1 < 0.4 on the first)
+    lp = {"io": [-9.0, -9.0], "gen_test": [-5.0, -6.0], "sc3_test": [-4.0, -4.0]}
+    ft = {" solution": [0.4, 0.2], " solutions": [0.1, 0.3]}
+    r = mod.summarize("p", lp, ft)
+    assert r["most_likely"] == {"io": 0, "gen_test": 0, "sc3_test": 2}
+    assert r["mean_margin_vs_gen_test"]["sc3_test"] == 1.5  # (1 + 2) / 2
+    assert r["solutions_first"] == 1
