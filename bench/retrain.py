@@ -84,11 +84,12 @@ def main(argv=None) -> int:
     cfg = load_config(None if is_file else args.config, args.config if is_file else None, over)
     store = AssetStore(args.assets_dir / f"seed-{args.seed}" if args.seed is not None else args.assets_dir)
     key, k = iteration_key(args.iteration), args.iteration
-    sharpened, sampled, scores = (store.read_parquet(n, key) for n in
-                                  ("sharpened_groups", "sampled_workflows", "execution_scores"))
+    sampled, scores = (store.read_parquet(n, key) for n in ("sampled_workflows", "execution_scores"))
     if args.curation:  # the same groups, sharpened and weighed as the changed curation fields say
         sharpened = curation.sharpen(tables.kept_groups(store.read_parquet("screened_groups", key)),
                                      cfg.curation_config()).members
+    else:
+        sharpened = store.read_parquet("sharpened_groups", key)
     tcfg = cfg.train_config()
     examples, rows, narrow = training_inputs.iteration_training_data(tcfg, cfg.training.min_queries, sharpened,
                                                                      sampled, scores, k)

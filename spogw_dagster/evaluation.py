@@ -16,7 +16,13 @@ from .benchmarks import score as score_answer
 from .contracts import Problem, Status, Usage
 from .sandboxing import Isolation, Limits
 from .seeds import derive_seed
-from .static_methods import ADAPTIVE_STRUCTURES, BASELINE_METHODS, CODE_STRUCTURES, STATIC_METHODS, STRUCTURES  # noqa: F401 (BASELINE_METHODS: API)
+from .static_methods import (  # noqa: F401 (BASELINE_METHODS: API)
+    ADAPTIVE_STRUCTURES,
+    BASELINE_METHODS,
+    CODE_STRUCTURES,
+    STATIC_METHODS,
+    STRUCTURES,
+)
 from .workflow.operators import OperatorConfig
 from .workflow.parser import WorkflowRejected, parse_workflow
 from .workflow.provenance import WORKFLOW
