@@ -67,6 +67,8 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"curation": {"anchor_groups": "apart"}}, "choose one of mixed, contrast"),
     ({"benchmark": {"name": "gsm8k"}, "report": {"baselines": ["io", "sc3"]}}, "not a code benchmark"),
     ({"training": {"off_policy_loss": "shaped", "off_policy_gamma": -1.0}}, "must be > 0"),
+    ({"training": {"anchor_stop": 0.8}}, "training.anchor_stop stops when the anchors' verdict is taken"),
+    ({"training": {"anchor_stop": 1.5}}, "anchor_stop"),
     ({"nonsense": 1}, "nonsense"),
 ])
 def test_validation_errors_name_the_field_and_fix(overrides, message):

@@ -18,7 +18,8 @@ class TrainConfig(ObjectiveConfig):
                 "linear" | "cosine" with warmup_steps; max_grad_norm (clip; None = no clipping, the norm is
                 still logged).
     Schedule:   epochs over the dataset; batch_size rows per micro-batch; grad_accum micro-batches per
-                optimizer step (a smaller last step at the end of an epoch is still taken).
+                optimizer step (a smaller last step at the end of an epoch is still taken); anchor_stop ends
+                the run early once the anchors' verdict is taken (`core.training.anchor_choice`).
     Objective:  objective (spogw | grpo | grpo_nokl | score_dpo | rwr), beta, clip_eps, the score_dpo / rwr
                 knobs and seed are inherited from `core.hyperparams.ObjectiveConfig` (declared and validated there).
     Policies:   ref_mode "base" | "previous"; init "continue" | "restart"; old_logprobs "recompute" | "data";
@@ -101,6 +102,10 @@ class TrainConfig(ObjectiveConfig):
     device: str = "auto"
     shared_prompt: bool | None = None  # None: the device's faster path (core/device_paths.py)
     aggregate_unique: bool = True
+    # Stop once the anchors' verdict is taken: after the first optimizer step at which, on at least this share
+    # of the groups whose anchors score differently, the best anchor's token beats each lower anchor's at the
+    # first token where they part (`core.training.anchor_choice`); `epochs` is then the most it trains. None: off.
+    anchor_stop: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the objective's fields and seed
@@ -158,6 +163,8 @@ class TrainConfig(ObjectiveConfig):
             raise ConfigError(f"{c}.aggregate_unique={self.aggregate_unique!r}: must be True or False.")
         if self.max_completion_tokens is not None:
             req_int("max_completion_tokens", 1)
+        if self.anchor_stop is not None:
+            req_real("anchor_stop", 0.0, 1.0, lo_open=True)
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16', 'float16' or 'auto' "
                               "(bfloat16 where the device computes it natively and it was measured faster).")
@@ -190,11 +197,13 @@ class TrainConfig(ObjectiveConfig):
 
 def drop_default_off_policy(d: dict[str, Any]) -> None:
     """Leave the off-policy fields out of a config dict where they change nothing: both at the default loss, γ
-    unless the loss is "shaped"."""
+    unless the loss is "shaped", the anchors' stop while it is off."""
     if d.get("off_policy_loss", "clipped") == "clipped":
         d.pop("off_policy_loss", None)
     if d.get("off_policy_loss") != "shaped":
         d.pop("off_policy_gamma", None)
+    if "anchor_stop" in d and d["anchor_stop"] is None:  # off: runs from before the option keep their run hash
+        d.pop("anchor_stop")
 
 
 def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class OptimizeRun:
     steps: list[dict[str, Any]]
     tokens: int
     seconds: float
+    stopped_early: bool = False
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -44,16 +45,19 @@ class OptimizeRun:
             "train_tokens_per_second": round(self.tokens / self.seconds, 2) if self.seconds > 0 else None,
             "first_loss": self.steps[0].get("loss") if self.steps else None,
             "last_loss": self.steps[-1].get("loss") if self.steps else None,
+            **({"stopped_early": True} if self.stopped_early else {}),  # by `stop` (anchor_stop)
         }
 
 
 def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, device,
               log: Callable[[dict[str, Any]], None] | None,
               progress: Callable[[str], None] | None = None, dist: Dist = SINGLE,
-              epoch_end: Callable[[int, OptimizeRun], None] | None = None) -> OptimizeRun:
+              epoch_end: Callable[[int, OptimizeRun], None] | None = None,
+              stop: Callable[[dict[str, Any]], bool] | None = None) -> OptimizeRun:
     """AdamW over `epochs` of seeded batches; each optimizer step averages grad_accum micro-batches by rows.
     `progress` gets a line as each step starts and ends (what a watcher, or the fault suite, waits on);
-    `epoch_end(epochs done, run so far)` is called after each epoch (`core.training.snapshots`)."""
+    `epoch_end(epochs done, run so far)` is called after each epoch (`core.training.snapshots`); `stop(step's
+    record)`, after each step, ends the run when it returns True (it may add to the record: the log gets it)."""
 
     opt = torch.optim.AdamW(
         params, lr=cfg.learning_rate, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
@@ -77,10 +81,17 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
             sched.step()
             run.tokens += st["tokens"]
             run.steps.append(st)
+            t_pause = time.perf_counter()
+            run.stopped_early = stop is not None and stop(st)
+            t_train += time.perf_counter() - t_pause  # the check is not training time
             if log is not None:
                 log(st)
             if progress is not None:
                 progress(f"{where} done: loss {st.get('loss', float('nan')):.4g}")
+            if run.stopped_early:
+                break
+        if run.stopped_early:
+            break
         run.seconds = time.perf_counter() - t_train
         if epoch_end is not None:
             t_pause = time.perf_counter()

@@ -48,6 +48,7 @@ import torch
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.core.device_paths import shared_prompt_for
 from spogw_dagster.core.training.adapters import save_adapter, trainable_adapter
+from spogw_dagster.core.training.anchor_choice import decided_share, deciding_tokens
 from spogw_dagster.core.training.batching import aggregate, tokenize
 from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.distributed import from_environment
@@ -138,7 +139,16 @@ def train_lora(
                 **common, "steps": list(run.steps), "summary": summary(run, **moved), "examples": per_example,
                 "snapshot_of_epochs": cfg.epochs})
 
-    run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end)
+    decisions = deciding_tokens(items) if cfg.anchor_stop is not None else []
+
+    def anchors_decided(step: dict[str, Any]) -> bool:
+        # every rank computes the same share on the same weights, so all stop at the same step
+        share, groups = decided_share(model, decisions, device)
+        step.update(anchor_decided=round(share, 6), anchor_groups=groups)
+        return share >= cfg.anchor_stop
+
+    run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end,
+                   stop=anchors_decided if decisions else None)
     per_example, moved = after_pass()
     stats = {"run_hash": run_hash, "hashes": hashes, "config": cfg.to_dict(), **common, "steps": run.steps,
              "summary": summary(run, **moved), "examples": per_example}

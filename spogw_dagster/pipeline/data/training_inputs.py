@@ -61,22 +61,25 @@ def pair_seed(seed: int, iteration: int) -> int:
 
 
 def training_data(objective: str, sharpened: pl.DataFrame, sampled: pl.DataFrame, scores: pl.DataFrame,
-                  ocfg, iteration: int) -> tuple[list, pl.DataFrame]:
-    """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`)."""
+                  ocfg, iteration: int, mark_anchors: bool = False) -> tuple[list, pl.DataFrame]:
+    """(training examples, training_rows) of `objective` (`ocfg`: a `core.hyperparams.ObjectiveConfig`).
+    The anchors are marked off-policy where their loss differs (`off_policy_loss`) or `mark_anchors` asks
+    (the trainer's `anchor_stop` finds them by the mark)."""
     data = registry.get(objective).data  # what the objective trains on (core.training.registry)
     if data == "pairs":
         return score_dpo_training_data(sampled, scores, ocfg, iteration, objective=objective)
     if data == "candidates":
         return rwr_training_data(sampled, scores, ocfg, iteration, objective=objective)
     return sharpened_training_data(sharpened, sampled, objective, iteration,
-                                   mark_off_policy=ocfg.off_policy_loss != "clipped")
+                                   mark_off_policy=ocfg.off_policy_loss != "clipped" or mark_anchors)
 
 
 def iteration_training_data(tcfg, min_queries: int, sharpened: pl.DataFrame, sampled: pl.DataFrame,
                             scores: pl.DataFrame, iteration: int) -> tuple[list, pl.DataFrame, str | None]:
     """What iteration `iteration` trains on under `tcfg` (a `TrainConfig`): its objective's `training_data`, kept
     only if it covers `min_queries` queries (`require_queries`). Returns (examples, rows, why there are none)."""
-    examples, rows = training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration)
+    examples, rows = training_data(tcfg.objective, sharpened, sampled, scores, tcfg.objective_config(), iteration,
+                                   mark_anchors=tcfg.anchor_stop is not None)
     return require_queries(examples, rows, min_queries)
 
 

@@ -83,6 +83,11 @@ class SpogwConfig(BaseModel):
                 raise ValueError(f"training.off_policy_loss applies to the GRPO family's group rows; objective "
                                  f"{self.training.objective!r} trains on other data; remove it or choose spogw, "
                                  "grpo or grpo_nokl")
+        if self.training.anchor_stop is not None and not (
+                self.generator.anchors and registry.get(self.training.objective).data == "groups"):
+            raise ValueError("training.anchor_stop stops when the anchors' verdict is taken, and this config trains "
+                             "no anchors in groups; set generator.anchors: true with objective spogw, grpo or "
+                             "grpo_nokl, or remove anchor_stop")
         structures = [b for b in self.report.baselines if b in CODE_STRUCTURES]
         if structures and get_spec(self.benchmark.name).family != "code":
             raise ValueError(f"report.baselines {structures} are static structures of the code operators, and "
