@@ -109,6 +109,10 @@ def main(argv=None) -> int:
     s = res.stats.get("summary", {})
     print(f"adapter: {args.out} ({s.get('optimizer_steps')} steps, last loss {s.get('last_loss')}, "
           f"{s.get('total_seconds')} s)")
+    if tcfg.anchor_stop is not None:  # the share of anchor groups decided after each step (training.anchor_stop)
+        shares = [st.get("anchor_decided") for st in res.stats.get("steps", [])]
+        print(f"anchor groups decided after each step: {shares}; "
+              f"{'stopped early' if s.get('stopped_early') else 'ran every epoch'}")
     return 0
 
 
