@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from spogw_dagster.core.training import TrainConfig, TrainExample, train_lora
-from spogw_dagster.core.training.anchor_choice import Decision, decided_groups, deciding_tokens
+from spogw_dagster.core.training.anchor_choice import Decision, decided_groups, deciding_tokens, group_gaps
 from spogw_dagster.core.training.batching import Item
 from tiny_llama import save_tiny_llama, tiny_llama
 
@@ -43,6 +43,9 @@ def test_a_group_is_decided_only_when_every_decision_holds():
     assert decided_groups(ds, logits) == {"q": False, "r": False}
     logits[(2,)][5] = 0.7
     assert decided_groups(ds, logits) == {"q": True, "r": False}
+    assert group_gaps(ds, logits) == pytest.approx({"q": 0.2, "r": -1.0})  # q: min(1 - 0, 0.7 - 0.5)
+    assert decided_groups(ds, logits, margin=0.2) == {"q": False, "r": False}  # by more than the margin
+    assert decided_groups(ds, logits, margin=0.19) == {"q": True, "r": False}
     logits[(1,)][9] = 1.0   # a tie is not decided: greedy would not reliably open the best anchor
     assert decided_groups(ds, logits) == {"q": False, "r": False}
 
@@ -80,6 +83,14 @@ def test_training_stops_at_the_first_step_where_the_best_anchor_wins(tiny_model,
     # the saved adapter, loaded on its own, opens the best anchor
     after = _next_logits(tiny_model, prompt, adapter=res.adapter_dir)
     assert after[win] > after[lose]
+    gaps = [s["anchor_gap"] for s in steps]
+    assert gaps[-1] > 0 and all(g <= 0 for g in gaps[:-1])
+    # a margin: the same steps (the check draws nothing), further, until the gap passes it
+    wide = train_lora(anchors, TrainConfig(**{**cfg.to_dict(), "anchor_stop_margin": gaps[-1] + 1.0}),
+                      tmp_path / "m", base_model=tiny_model)
+    wsteps = wide.stats["steps"]
+    assert len(wsteps) > len(steps) and wsteps[-1]["anchor_gap"] > gaps[-1] + 1.0
+    assert [s["anchor_gap"] for s in wsteps[:len(steps)]] == pytest.approx(gaps)
     # without the stop the same run takes every epoch
     full = train_lora(anchors, TrainConfig(**{**cfg.to_dict(), "anchor_stop": None, "epochs": len(steps) + 2}),
                       tmp_path / "b", base_model=tiny_model)

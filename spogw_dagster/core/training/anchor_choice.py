@@ -6,7 +6,9 @@ workflows part at one token (for the anchored code prompt, " solution" against "
 a whole-sequence log-prob can favour the best anchor while greedy still opens the other (measured on validation,
 docs/experiments.md). So the test here is that token: at the first position where the best anchor's completion
 departs from a lower-scored anchor's, given the prompt and their shared prefix, the policy's logit of the best
-one's token is the higher. A query is decided when that holds against every lower anchor.
+one's token is the higher, by more than a margin (`TrainConfig.anchor_stop_margin`, nats; the training prompts are
+the anchors' own, so a margin there is what carries the choice to prompts it never trained on). A query is decided
+when that holds against every lower anchor.
 
 Why a stop: how far a fixed number of steps moves that token depends on the seed's own samples (their groups
 pull the same token the other way with a mass that differs from seed to seed), so one anchor weight crossed on
@@ -57,14 +59,22 @@ def deciding_tokens(items: Sequence[Any], tol: float = 1e-9) -> list[Decision]:
     return out
 
 
-def decided_groups(decisions: Sequence[Decision], next_logits: dict[tuple[int, ...], torch.Tensor]) -> dict[Any, bool]:
-    """Per group: whether every one of its decisions holds under `next_logits` (context -> the logits of the
-    token after it). Ties count as not decided: greedy would not reliably pick the best anchor's token."""
-    out: dict[Any, bool] = {}
+def group_gaps(decisions: Sequence[Decision], next_logits: dict[tuple[int, ...], torch.Tensor]) -> dict[Any, float]:
+    """Per group: the smallest logit gap (best anchor's token minus a lower anchor's) over its decisions, given
+    `next_logits` (context -> the logits of the token after it)."""
+    out: dict[Any, float] = {}
     for d in decisions:
         logits = next_logits[d.context]
-        out[d.group] = out.get(d.group, True) and bool(logits[d.win] > logits[d.lose])
+        gap = float(logits[d.win] - logits[d.lose])
+        out[d.group] = min(out.get(d.group, gap), gap)
     return out
+
+
+def decided_groups(decisions: Sequence[Decision], next_logits: dict[tuple[int, ...], torch.Tensor],
+                   margin: float = 0.0) -> dict[Any, bool]:
+    """Per group: whether every one of its decisions holds by more than `margin` nats. Ties count as not decided:
+    greedy would not reliably pick the best anchor's token."""
+    return {g: gap > margin for g, gap in group_gaps(decisions, next_logits).items()}
 
 
 @torch.no_grad()
@@ -82,9 +92,10 @@ def next_token_logits(model, contexts: Sequence[tuple[int, ...]], device) -> dic
     return out
 
 
-def decided_share(model, decisions: Sequence[Decision], device) -> tuple[float, int]:
-    """(share of the groups with decisions that are decided, number of such groups) under `model`."""
+def decided_share(model, decisions: Sequence[Decision], device, margin: float = 0.0) -> tuple[float, int, float]:
+    """(share of the groups with decisions that are decided by more than `margin`, number of such groups, their
+    mean smallest gap) under `model`."""
     if not decisions:
-        return 0.0, 0
-    per_group = decided_groups(decisions, next_token_logits(model, [d.context for d in decisions], device))
-    return sum(per_group.values()) / len(per_group), len(per_group)
+        return 0.0, 0, 0.0
+    gaps = group_gaps(decisions, next_token_logits(model, [d.context for d in decisions], device))
+    return sum(g > margin for g in gaps.values()) / len(gaps), len(gaps), sum(gaps.values()) / len(gaps)

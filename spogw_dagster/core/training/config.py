@@ -106,6 +106,7 @@ class TrainConfig(ObjectiveConfig):
     # of the groups whose anchors score differently, the best anchor's token beats each lower anchor's at the
     # first token where they part (`core.training.anchor_choice`); `epochs` is then the most it trains. None: off.
     anchor_stop: float | None = None
+    anchor_stop_margin: float = 0.0  # nats by which the best anchor's token must lead (anchor_stop only)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # the objective's fields and seed
@@ -165,6 +166,7 @@ class TrainConfig(ObjectiveConfig):
             req_int("max_completion_tokens", 1)
         if self.anchor_stop is not None:
             req_real("anchor_stop", 0.0, 1.0, lo_open=True)
+        req_real("anchor_stop_margin", 0.0, math.inf)
         if self.dtype not in ("float32", "bfloat16", "float16", "auto"):
             raise ConfigError(f"{c}.dtype={self.dtype!r}: choose 'float32', 'bfloat16', 'float16' or 'auto' "
                               "(bfloat16 where the device computes it natively and it was measured faster).")
@@ -204,6 +206,7 @@ def drop_default_off_policy(d: dict[str, Any]) -> None:
         d.pop("off_policy_gamma", None)
     if "anchor_stop" in d and d["anchor_stop"] is None:  # off: runs from before the option keep their run hash
         d.pop("anchor_stop")
+        d.pop("anchor_stop_margin", None)
 
 
 def config_identity(config: Mapping[str, Any]) -> dict[str, Any]:

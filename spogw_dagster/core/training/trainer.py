@@ -143,8 +143,8 @@ def train_lora(
 
     def anchors_decided(step: dict[str, Any]) -> bool:
         # every rank computes the same share on the same weights, so all stop at the same step
-        share, groups = decided_share(model, decisions, device)
-        step.update(anchor_decided=round(share, 6), anchor_groups=groups)
+        share, groups, gap = decided_share(model, decisions, device, cfg.anchor_stop_margin)
+        step.update(anchor_decided=round(share, 6), anchor_groups=groups, anchor_gap=round(gap, 6))
         return share >= cfg.anchor_stop
 
     run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end,

@@ -88,6 +88,9 @@ class SpogwConfig(BaseModel):
             raise ValueError("training.anchor_stop stops when the anchors' verdict is taken, and this config trains "
                              "no anchors in groups; set generator.anchors: true with objective spogw, grpo or "
                              "grpo_nokl, or remove anchor_stop")
+        if self.training.anchor_stop is None and self.training.anchor_stop_margin:
+            raise ValueError("training.anchor_stop_margin is the margin of anchor_stop, which is off; set "
+                             "training.anchor_stop (e.g. 0.8) or remove anchor_stop_margin")
         structures = [b for b in self.report.baselines if b in CODE_STRUCTURES]
         if structures and get_spec(self.benchmark.name).family != "code":
             raise ValueError(f"report.baselines {structures} are static structures of the code operators, and "
