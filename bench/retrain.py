@@ -41,6 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--curation", action="append", default=[], metavar="FIELD=VALUE",
                     help="a curation field to change before training, e.g. anchor_weight=3 (re-sharpens; repeatable)")
     ap.add_argument("--out", type=Path, default=None, help="where the new adapter goes")
+    ap.add_argument("--snapshots", default="", metavar="E1,E2",
+                    help="also save the shorter runs of these epochs on the way, as OUT-e<E> (constant LR only)")
     ap.add_argument("--check", action="store_true", help="train nothing: does the run's checkpoint match?")
     return ap.parse_args(argv)
 
@@ -104,8 +106,9 @@ def main(argv=None) -> int:
         same = any(finished_run(examples, tcfg, f, cfg.generator.model, parent) is not None for f in folders)
         print(f"the run's lora_checkpoint[{key}] is {'exactly' if same else 'NOT'} this training run")
         return 0 if same else 1
+    snaps = {int(e): args.out.with_name(f"{args.out.name}-e{int(e)}") for e in args.snapshots.split(",") if e}
     res = fit_adapter(examples, tcfg, args.out, base_model=cfg.generator.model, previous_adapter=parent,
-                      processes=cfg.training.processes, progress=lambda m: print(m, flush=True))
+                      processes=cfg.training.processes, progress=lambda m: print(m, flush=True), snapshots=snaps)
     s = res.stats.get("summary", {})
     print(f"adapter: {args.out} ({s.get('optimizer_steps')} steps, last loss {s.get('last_loss')}, "
           f"{s.get('total_seconds')} s)")
