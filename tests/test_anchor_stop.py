@@ -4,6 +4,7 @@ stops at the first step where the best anchor's token wins, and not before."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see spogw_dagster/models.py
 
@@ -73,7 +74,7 @@ def test_training_stops_at_the_first_step_where_the_best_anchor_wins(tiny_model,
                TrainExample("", "", advantage=-1.0, group_id="q", off_policy=True, prompt_token_ids=prompt,
                             completion_token_ids=[lose, 20, 21])]
     cfg = TrainConfig(objective="spogw", beta=0.0, learning_rate=5e-2, epochs=60, batch_size=2, seed=0,
-                      off_policy_loss="log_prob", eval_after=False, anchor_stop=1.0, lora_dropout=0.0)
+                      off_policy_loss="log_prob", eval_after=False, anchor_stop=1.0, lora_dropout=0.1)
     res = train_lora(anchors, cfg, tmp_path / "a", base_model=tiny_model)
     steps = res.stats["steps"]
     shares = [s["anchor_decided"] for s in steps]
@@ -91,7 +92,29 @@ def test_training_stops_at_the_first_step_where_the_best_anchor_wins(tiny_model,
     wsteps = wide.stats["steps"]
     assert len(wsteps) > len(steps) and wsteps[-1]["anchor_gap"] > gaps[-1] + 1.0
     assert [s["anchor_gap"] for s in wsteps[:len(steps)]] == pytest.approx(gaps)
-    # without the stop the same run takes every epoch
+    # without the stop the same run takes every epoch, through the same steps (the check draws no dropout mask)
     full = train_lora(anchors, TrainConfig(**{**cfg.to_dict(), "anchor_stop": None, "epochs": len(steps) + 2}),
                       tmp_path / "b", base_model=tiny_model)
     assert full.stats["summary"]["optimizer_steps"] == len(steps) + 2 and "stopped_early" not in full.stats["summary"]
+    fsteps = full.stats["steps"][:len(steps)]
+    assert [s["loss"] for s in fsteps] == [s["loss"] for s in steps]
+    assert [s["grad_norm"] for s in fsteps] == [s["grad_norm"] for s in steps]
+
+
+def test_the_default_loss_trains_the_same_rows_with_the_stop(tiny_model, tmp_path):
+    """With the `clipped` loss the anchors are marked only to be found: an anchor equal to a sample still merges
+    with it (aggregate_unique), so the steps are those of the run without the stop."""
+    prompt = [10, 11, 12, 13]
+    rows = [TrainExample("", "", advantage=a, group_id=g, off_policy=off, prompt_token_ids=prompt,
+                         completion_token_ids=c)
+            for a, g, off, c in ((1.0, "q", True, [30, 31]), (-1.0, "q", True, [32, 31]),
+                                 (0.5, "s", False, [30, 31]), (-0.5, "s", False, [33]))]
+    cfg = TrainConfig(objective="spogw", beta=0.1, learning_rate=1e-2, epochs=2, batch_size=4, seed=0,
+                      eval_after=False, aggregate_unique=True, anchor_stop=1.0, anchor_stop_margin=1e6)
+    a = train_lora(rows, cfg, tmp_path / "a", base_model=tiny_model)
+    unmarked = [replace(r, off_policy=False) for r in rows]  # as the pipeline gives them without the stop
+    b = train_lora(unmarked, TrainConfig(**{**cfg.to_dict(), "anchor_stop": None}), tmp_path / "b",
+                   base_model=tiny_model)
+    assert a.stats["n_train_rows"] == b.stats["n_train_rows"] == 3  # the anchor [30, 31] merged with the sample
+    assert [s["loss"] for s in a.stats["steps"]] == [s["loss"] for s in b.stats["steps"]]
+    assert a.stats["steps"][-1]["anchor_groups"] == 1 and "stopped_early" not in a.stats["summary"]

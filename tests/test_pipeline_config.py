@@ -68,7 +68,7 @@ def test_paper_profile_needs_its_models(monkeypatch, tmp_path):
     ({"benchmark": {"name": "gsm8k"}, "report": {"baselines": ["io", "sc3"]}}, "not a code benchmark"),
     ({"training": {"off_policy_loss": "shaped", "off_policy_gamma": -1.0}}, "must be > 0"),
     ({"training": {"anchor_stop": 0.8}}, "training.anchor_stop stops when the anchors' verdict is taken"),
-    ({"training": {"anchor_stop": 1.5}}, "anchor_stop"),
+    ({"training": {"anchor_stop": 1.5}}, "anchor_stop=1.5"),
     ({"training": {"anchor_stop_margin": 1.0}}, "anchor_stop_margin is the margin of anchor_stop, which is off"),
     ({"nonsense": 1}, "nonsense"),
 ])

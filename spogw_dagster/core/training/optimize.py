@@ -82,7 +82,9 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
             run.tokens += st["tokens"]
             run.steps.append(st)
             t_pause = time.perf_counter()
-            run.stopped_early = stop is not None and stop(st)
+            last = len(run.steps) == total_steps
+            # at the run's last step there is nothing left to stop (the check still records where it stands)
+            run.stopped_early = stop is not None and stop(st) and not last
             t_train += time.perf_counter() - t_pause  # the check is not training time
             if log is not None:
                 log(st)
@@ -90,13 +92,14 @@ def optimize(model, params, items: list[Item], cfg: TrainConfig, pad_id: int, de
                 progress(f"{where} done: loss {st.get('loss', float('nan')):.4g}")
             if run.stopped_early:
                 break
-        if run.stopped_early:
-            break
+        epoch_done = not run.stopped_early or s + cfg.grad_accum >= len(batches)
         run.seconds = time.perf_counter() - t_train
-        if epoch_end is not None:
+        if epoch_end is not None and epoch_done:  # a stop on an epoch's last step still ends that epoch
             t_pause = time.perf_counter()
             epoch_end(epoch + 1, run)
             t_train += time.perf_counter() - t_pause  # a snapshot's pass and save are not training time
+        if run.stopped_early:
+            break
     run.seconds = time.perf_counter() - t_train
     return run
 

@@ -38,12 +38,15 @@ def scoring_config(cfg: SpogwConfig) -> SpogwConfig:
 def method_config(cfg: SpogwConfig, name: str) -> SpogwConfig:
     """The loop's config with method `name`'s curation/training overrides applied (validated as any config). The
     anchors' own loss (`training.off_policy_loss`) goes only to a method that trains the GRPO family on anchors;
-    the others train as their papers do (the clipped default, which they never read)."""
+    the others train as their papers do (the clipped default, which they never read), and without
+    `training.anchor_stop`."""
     c = cfg.comparison
     d = deep_merge(cfg.canonical(), method_overrides(
         name, cfg.curation.n, cfg.curation.t, w4s_turns=c.w4s_turns, w4s_feedback_queries=c.w4s_feedback_queries))
     if not d["generator"].get("anchors") or registry.get(d["training"]["objective"]).data != "groups":
         d["training"]["off_policy_loss"] = "clipped"
+        d["training"].pop("anchor_stop", None)  # likewise the anchors' stop: such a method trains its epochs
+        d["training"].pop("anchor_stop_margin", None)
     return parse_config(d)
 
 
