@@ -65,6 +65,11 @@ def field_overrides(pairs: list[str], flag: str = "--set") -> dict:
     return out
 
 
+def _print_anchor_check(step: dict) -> None:
+    print(f"  step {step['step'] + 1}: anchor groups decided {step.get('anchor_decided')}, mean smallest gap "
+          f"{step.get('anchor_gap')}", flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.check and args.out is None:
@@ -108,7 +113,8 @@ def main(argv=None) -> int:
         return 0 if same else 1
     snaps = {int(e): args.out.with_name(f"{args.out.name}-e{int(e)}") for e in args.snapshots.split(",") if e}
     res = fit_adapter(examples, tcfg, args.out, base_model=cfg.generator.model, previous_adapter=parent,
-                      processes=cfg.training.processes, progress=lambda m: print(m, flush=True), snapshots=snaps)
+                      processes=cfg.training.processes, progress=lambda m: print(m, flush=True), snapshots=snaps,
+                      log=_print_anchor_check if tcfg.anchor_stop is not None else None)
     s = res.stats.get("summary", {})
     print(f"adapter: {args.out} ({s.get('optimizer_steps')} steps, last loss {s.get('last_loss')}, "
           f"{s.get('total_seconds')} s)")
