@@ -282,3 +282,17 @@ def test_executor_speed_levers_are_hashed_only_when_set():
     # the headline profile runs the fast mode (the AVX-512 variant where there is one, n-gram speculation)
     assert load_config("answers").executor.reproducible is False and a.executor.reproducible is True
     assert operator_config(load_config("ci", overrides={"executor": {"stop_after_code": True}})).code_stop == CODE_STOP
+
+
+def test_the_shipped_configs_load_and_name_their_own_command():
+    """Every file under configs/ is a valid config whose header shows how to run it (its own path)."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert files
+    for f in files:
+        cfg = load_config(config_file=f)
+        assert f"--config configs/{f.name}" in f.read_text(), f
+        assert cfg.hash
+    stop = load_config(config_file=files[0].parent / "answers-anchor-stop.yaml").train_config()
+    assert (stop.anchor_stop, stop.anchor_stop_margin, stop.epochs, stop.off_policy_loss) == (0.8, 0.5, 4, "log_prob")
