@@ -18,8 +18,8 @@ is the same target for every seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -99,3 +99,33 @@ def decided_share(model, decisions: Sequence[Decision], device, margin: float = 
         return 0.0, 0, 0.0
     gaps = group_gaps(decisions, next_token_logits(model, [d.context for d in decisions], device))
     return sum(g > margin for g in gaps.values()) / len(gaps), len(gaps), sum(gaps.values()) / len(gaps)
+
+
+def anchor_decisions(items: list[Any], cfg, progress: Callable[[str], None] | None = None) -> tuple[list[Any], list[Decision]]:
+    """(the rows to batch, their decisions) under `cfg` (a `TrainConfig`): no decisions while `anchor_stop` is off.
+    Under the `clipped` loss the anchors' off-policy mark only found them: it is dropped, so they merge and batch
+    exactly as in a run without the stop."""
+    if cfg.anchor_stop is None:
+        return items, []
+    decisions = deciding_tokens(items)
+    if cfg.off_policy_loss == "clipped":
+        items = [replace(it, off_policy=False) for it in items]
+    if not decisions and progress is not None:
+        progress("anchor_stop: no group has anchors that score differently; training every epoch")
+    return items, decisions
+
+
+def stop_when_decided(model, decisions: Sequence[Decision], cfg, device, dist) -> Callable[[dict[str, Any]], bool] | None:
+    """The `optimize` stop of `cfg.anchor_stop` (None when there is nothing to decide): it records the check in the
+    step's record and says whether the share decided reaches `anchor_stop`."""
+    if not decisions:
+        return None
+
+    def decided(step: dict[str, Any]) -> bool:
+        share, groups, gap = decided_share(model, decisions, device, cfg.anchor_stop_margin)
+        step.update(anchor_decided=round(share, 6), anchor_groups=groups, anchor_gap=round(gap, 6))
+        # the ranks hold the same weights, but a near tie could fall apart on different kernels: any rank's stop
+        # stops all (a rank that left the loop alone would hang the others' next all-reduce)
+        return dist.sum_numbers({"stop": float(share >= cfg.anchor_stop)})["stop"] > 0
+
+    return decided

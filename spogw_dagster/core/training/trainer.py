@@ -48,7 +48,7 @@ import torch
 from spogw_dagster.adapter_files import STATS_FILE
 from spogw_dagster.core.device_paths import shared_prompt_for
 from spogw_dagster.core.training.adapters import save_adapter, trainable_adapter
-from spogw_dagster.core.training.anchor_choice import decided_share, deciding_tokens
+from spogw_dagster.core.training.anchor_choice import anchor_decisions, stop_when_decided
 from spogw_dagster.core.training.batching import aggregate, tokenize
 from spogw_dagster.core.training.config import TrainConfig
 from spogw_dagster.core.training.distributed import from_environment
@@ -106,12 +106,7 @@ def train_lora(
     model, tok = load_model_and_tokenizer(folder, dtype=cfg.dtype)
     model.to(device)
     items = tokenize(exs, tok, cfg)
-    decisions = deciding_tokens(items) if cfg.anchor_stop is not None else []
-    if cfg.anchor_stop is not None and cfg.off_policy_loss == "clipped":
-        # the mark only found the anchors: unmarked, they merge and batch exactly as in a run without the stop
-        items = [replace(it, off_policy=False) for it in items]
-    if cfg.anchor_stop is not None and not decisions and progress is not None:
-        progress("anchor_stop: no group has anchors that score differently; training every epoch")
+    items, decisions = anchor_decisions(items, cfg, progress)  # training.anchor_stop's (none when it is off)
     rows = aggregate(items) if cfg.aggregates else items  # what the passes and the optimizer run on
     t0 = time.perf_counter()
     model = reference_passes(model, rows, prev, cfg, tok.pad_token_id, device, dist)
@@ -145,16 +140,8 @@ def train_lora(
                 **common, "steps": list(run.steps), "summary": summary(run, **moved), "examples": per_example,
                 "snapshot_of_epochs": cfg.epochs})
 
-
-    def anchors_decided(step: dict[str, Any]) -> bool:
-        share, groups, gap = decided_share(model, decisions, device, cfg.anchor_stop_margin)
-        step.update(anchor_decided=round(share, 6), anchor_groups=groups, anchor_gap=round(gap, 6))
-        # the ranks hold the same weights, but a near tie could fall apart on different kernels: any rank's stop
-        # stops all (a rank that left the loop alone would hang the others' next all-reduce)
-        return dist.sum_numbers({"stop": float(share >= cfg.anchor_stop)})["stop"] > 0
-
     run = optimize(model, params, rows, cfg, tok.pad_token_id, device, log, progress, dist, epoch_end=epoch_end,
-                   stop=anchors_decided if decisions else None)
+                   stop=stop_when_decided(model, decisions, cfg, device, dist))
     per_example, moved = after_pass()
     stats = {"run_hash": run_hash, "hashes": hashes, "config": cfg.to_dict(), **common, "steps": run.steps,
              "summary": summary(run, **moved), "examples": per_example}
