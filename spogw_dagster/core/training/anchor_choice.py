@@ -97,8 +97,9 @@ def decided_share(model, decisions: Sequence[Decision], device, margin: float = 
     mean smallest gap) under `model`."""
     if not decisions:
         return 0.0, 0, 0.0
-    gaps = group_gaps(decisions, next_token_logits(model, [d.context for d in decisions], device))
-    return sum(g > margin for g in gaps.values()) / len(gaps), len(gaps), sum(gaps.values()) / len(gaps)
+    logits = next_token_logits(model, [d.context for d in decisions], device)
+    gaps, decided = group_gaps(decisions, logits), decided_groups(decisions, logits, margin)
+    return sum(decided.values()) / len(decided), len(decided), sum(gaps.values()) / len(gaps)
 
 
 def anchor_decisions(items: list[Any], cfg, progress: Callable[[str], None] | None = None) -> tuple[list[Any], list[Decision]]:

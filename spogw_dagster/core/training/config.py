@@ -188,7 +188,7 @@ class TrainConfig(ObjectiveConfig):
         d["adam_betas"] = list(self.adam_betas)
         if self.spec.data != "candidates":  # only W4S's candidates read it: every other run keeps its run hash
             d.pop("rwr_reward", None)
-        drop_default_off_policy(d)  # runs from before the option keep their run hash
+        drop_inactive_anchor_fields(d)  # runs from before the option keep their run hash
         return d
 
     def identity(self) -> dict[str, Any]:
@@ -197,9 +197,9 @@ class TrainConfig(ObjectiveConfig):
         return config_identity(self.to_dict())
 
 
-def drop_default_off_policy(d: dict[str, Any]) -> None:
-    """Leave the off-policy fields out of a config dict where they change nothing: both at the default loss, γ
-    unless the loss is "shaped", the anchors' stop while it is off."""
+def drop_inactive_anchor_fields(d: dict[str, Any]) -> None:
+    """Leave the anchors' fields out of a config dict where they change nothing: the off-policy loss at its
+    default, γ unless the loss is "shaped", the anchors' stop and its margin while the stop is off."""
     if d.get("off_policy_loss", "clipped") == "clipped":
         d.pop("off_policy_loss", None)
     if d.get("off_policy_loss") != "shaped":

@@ -14,7 +14,7 @@ from pydantic import Field, create_model, model_serializer, model_validator
 from spogw_dagster.core.hyperparams import CurationConfig
 from spogw_dagster.core.rewards import Ladder
 from spogw_dagster.core.training import TrainConfig, registry
-from spogw_dagster.core.training.config import drop_default_off_policy
+from spogw_dagster.core.training.config import drop_inactive_anchor_fields
 from spogw_dagster.pipeline.settings.section_base import Section, drop_defaults
 
 
@@ -89,7 +89,7 @@ class TrainingSection(_derived(TrainConfig, exclude=TRAINING_FROM_GENERATOR)):  
         if isinstance(d, dict) and d.get("min_queries") == 1:  # the default: older configs keep their hash
             d.pop("min_queries")
         if isinstance(d, dict):  # likewise
-            drop_default_off_policy(d)
+            drop_inactive_anchor_fields(d)
         return d
 
     def core(self, temperature: float, dtype: str = "float32") -> TrainConfig:
